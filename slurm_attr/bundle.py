@@ -1,0 +1,173 @@
+"""The evidence bundle (DESIGN.md §3): one directory per job attempt.
+
+Layout (every file optional but job.json's ``job_id``)::
+
+    job.json                   scheduler facts
+    scheduler/*.log            controller/slurmd lines about the job
+    output/stdout, stderr      tails of the job's output
+    nodes/<node>/kernel.log    kernel messages of the job's window
+    nodes/<node>/fr/           Flight Recorder dumps
+    nodes/<node>/probe/        native probe files
+    nodes/<node>/nccl/         NCCL debug files
+    nodes/<node>/collect.json  what the node collector did
+
+Reading goes through safefs: a bundle is built from job-written files and is
+re-analysed anywhere, so it is hostile input too.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any, Iterator
+
+from . import safefs
+from .errors import BundleError, UnsafePath
+from .model import Coverage
+
+JOB_JSON_CAP = 1 << 20
+COLLECT_JSON_CAP = 1 << 20
+# Lines longer than this are cut: a 1 MB line of base64 must not make every regex slow.
+MAX_LINE = 16 << 10
+
+NODE_KINDS = ("fr", "probe", "nccl")
+_NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def valid_node_name(name: str) -> bool:
+    return bool(_NODE_NAME.match(name))
+
+
+class Bundle:
+    """Read-only access to one bundle directory."""
+
+    def __init__(self, root: str):
+        self.root = os.path.abspath(root)
+        try:
+            fd = safefs.open_dir(self.root)
+        except UnsafePath as err:
+            raise BundleError(f"cannot open bundle {root}: {err}") from err
+        os.close(fd)
+        self.coverage: list[Coverage] = []
+        self.job: dict[str, Any] = self._load_job()
+
+    # -- job.json -----------------------------------------------------------------
+    def _load_job(self) -> dict[str, Any]:
+        data = self.read_json("job.json", JOB_JSON_CAP, source="job")
+        if not isinstance(data, dict):
+            data = {}
+        if "job_id" not in data:
+            # A bundle without job.json is still analysable; name it after its directory.
+            data["job_id"] = os.path.basename(self.root.rstrip("/")) or "unknown"
+        data["job_id"] = str(data["job_id"])
+        return data
+
+    @property
+    def job_id(self) -> str:
+        return self.job["job_id"]
+
+    def ranks(self) -> dict[int, str]:
+        """Global rank -> node name from job.json, ignoring malformed entries."""
+        out: dict[int, str] = {}
+        raw = self.job.get("ranks")
+        if isinstance(raw, dict):
+            for k, v in raw.items():
+                try:
+                    out[int(k)] = str(v)
+                except (TypeError, ValueError):
+                    continue
+        return out
+
+    def node_of_rank(self, rank: int | None) -> str | None:
+        if rank is None:
+            return None
+        return self.ranks().get(rank)
+
+    # -- files ----------------------------------------------------------------------
+    def exists(self, relpath: str) -> bool:
+        try:
+            os.close(safefs.open_file(self.root, relpath))
+            return True
+        except UnsafePath:
+            return False
+
+    def read(self, relpath: str, cap: int, tail: bool = False) -> safefs.ReadResult:
+        """Bounded read of a regular file in the bundle; raises UnsafePath."""
+        return safefs.read_file(self.root, relpath, cap, tail=tail)
+
+    def read_json(self, relpath: str, cap: int, source: str, node: str | None = None) -> Any:
+        """Parse a small JSON file; on any problem add coverage and return None."""
+        try:
+            res = self.read(relpath, cap)
+        except UnsafePath as err:
+            status = "missing" if "No such file" in str(err) else "error"
+            self.coverage.append(Coverage(source=source, node=node, status=status, detail=str(err)))
+            return None
+        if res.truncated:
+            self.coverage.append(Coverage(source=source, node=node, status="error", detail=f"{relpath} larger than {cap} bytes"))
+            return None
+        try:
+            return json.loads(res.data.decode("utf-8", errors="replace"))
+        except ValueError as err:
+            self.coverage.append(Coverage(source=source, node=node, status="error", detail=f"{relpath}: bad JSON: {err}"))
+            return None
+
+    def lines(self, relpath: str, cap: int, tail: bool = True) -> Iterator[tuple[int, str]]:
+        """(1-based line number, text) of a text file, bounded; long lines are cut.
+
+        With ``tail`` the last ``cap`` bytes are read and the first, partial line
+        dropped; line numbers then count from the start of what was read.
+        """
+        res = self.read(relpath, cap, tail=tail)
+        data = res.data
+        if tail and res.truncated:
+            nl = data.find(b"\n")
+            data = data[nl + 1 :] if nl >= 0 else b""
+        for i, raw in enumerate(data.split(b"\n"), 1):
+            if len(raw) > MAX_LINE:
+                raw = raw[:MAX_LINE]
+            yield i, safefs.decode(raw).rstrip("\r")
+
+    def nodes(self) -> list[str]:
+        """Node names: those with a part under nodes/, plus those job.json names."""
+        names: set[str] = set()
+        try:
+            for name, kind in safefs.list_dir(self.root, "nodes"):
+                if kind == "dir" and valid_node_name(name):
+                    names.add(name)
+        except UnsafePath:
+            pass
+        for n in self.job.get("nodes") or []:
+            if isinstance(n, str) and valid_node_name(n):
+                names.add(n)
+        return sorted(names)
+
+    def node_files(self, node: str, kind: str) -> list[str]:
+        """Relative paths of regular files under nodes/<node>/<kind>/ (no symlinks)."""
+        if not valid_node_name(node):
+            return []
+        return sorted(safefs.walk_files(self.root, f"nodes/{node}/{kind}"))
+
+    def files(self, relpath: str) -> list[str]:
+        return sorted(safefs.walk_files(self.root, relpath))
+
+    # -- coverage recorded by the collectors ---------------------------------------------
+    def collector_coverage(self) -> list[Coverage]:
+        """Coverage from each node's collect.json; a node with no part is 'missing'."""
+        out: list[Coverage] = []
+        for node in self.nodes():
+            rel = f"nodes/{node}/collect.json"
+            if not self.exists(rel):
+                out.append(Coverage(source="node", node=node, status="missing", detail="no collect.json: the node epilog did not finish or did not run"))
+                continue
+            data = self.read_json(rel, COLLECT_JSON_CAP, source="node", node=node)
+            if not isinstance(data, dict):
+                continue
+            for src, info in sorted((data.get("sources") or {}).items()):
+                if not isinstance(info, dict):
+                    continue
+                status = info.get("status", "error")
+                if status not in ("ok", "missing", "error", "truncated"):
+                    status = "error"
+                out.append(Coverage(source=str(src), node=node, status=status, detail=str(info.get("detail", ""))[:500]))
+        return out

@@ -1,0 +1,185 @@
+"""Site configuration: one TOML file, defaults in one place, unknown keys are errors.
+
+Default path ``/etc/slurm/slurm_attr.toml``; ``SLURM_ATTR_CONFIG`` overrides it.
+A missing file means all defaults. Each section is a dataclass below; its
+fields, types and defaults are the configuration reference (README renders it
+with ``sattr config --defaults``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on older Pythons only
+    import tomli as tomllib
+
+from .errors import ConfigError
+
+DEFAULT_PATH = "/etc/slurm/slurm_attr.toml"
+ENV_VAR = "SLURM_ATTR_CONFIG"
+
+MiB = 1 << 20
+
+
+@dataclass
+class Paths:
+    # Per-job evidence dir on each node: the SPANK plugin creates <evidence_root>/<jobid>.
+    # Must match the plugin's evidence_root= argument in plugstack.conf.
+    evidence_root: str = "/var/tmp/slurm_attr"
+    # Bundles are written under <spool>/bundles/<jobid>; on a real cluster this is a
+    # filesystem the nodes and the controller share.
+    spool: str = "/var/spool/slurm_attr"
+    database: str = "/var/lib/slurm_attr/sattr.db"
+    # EpilogSlurmctld gets neither PATH nor SLURM_CONF: the entry scripts use these.
+    slurm_conf: str = "/etc/slurm/slurm.conf"
+    slurm_bin: str = "/usr/bin"
+
+
+@dataclass
+class Collect:
+    # Where the node's kernel messages come from: journalctl | dmesg | file
+    kernel_source: str = "journalctl"
+    # With kernel_source = "file": the file to read (may contain %n for the node name).
+    kernel_file: str = ""
+    kernel_cap_bytes: int = 4 * MiB
+    # Seconds of kernel log before the job's start and after its end to include.
+    window_slack_s: int = 120
+    fr_cap_bytes: int = 256 * MiB  # all FR dumps of one node together
+    fr_file_cap_bytes: int = 64 * MiB
+    probe_cap_bytes: int = 64 * MiB
+    nccl_cap_bytes: int = 8 * MiB
+    output_tail_bytes: int = 2 * MiB
+    max_files: int = 4096
+    # The node epilog's whole budget; keep it well under PrologEpilogTimeout.
+    time_budget_s: float = 20.0
+    # Remove the job's evidence dir on the node after collecting it.
+    remove_job_dir: bool = True
+
+
+@dataclass
+class Analysis:
+    # How long the controller-side analysis waits for node parts of the bundle.
+    node_wait_s: float = 30.0
+    # Hard limit of one analysis run (the detached analyser is killed after this).
+    timeout_s: float = 120.0
+    # Extra rule directory with site rules (added to the built-in catalog).
+    extra_rules: str = ""
+
+
+@dataclass
+class Comment:
+    enabled: bool = True
+    # Comment or AdminComment. Comment needs AccountingStoreFlags=job_comment.
+    field: str = "Comment"
+    max_len: int = 400
+    # How many times a queued comment write is retried before it is given up.
+    max_attempts: int = 50
+
+
+@dataclass
+class Drain:
+    enabled: bool = True
+    # Record what would be done, do nothing.
+    dry_run: bool = False
+    # Use `scontrol reboot ASAP nextstate=DOWN` for catalog actions that need a reboot/reset.
+    reboot: bool = False
+    # Circuit breaker: at most max_drains automatic drains per window_s ...
+    max_drains: int = 5
+    window_s: int = 3600
+    # ... and at most this share (percent) of a partition's nodes drained by us.
+    max_partition_percent: float = 10.0
+
+
+@dataclass
+class Access:
+    # Members of this Unix group see every job's verdict (root and SlurmUser always do).
+    admin_group: str = ""
+
+
+@dataclass
+class Config:
+    paths: Paths = field(default_factory=Paths)
+    collect: Collect = field(default_factory=Collect)
+    analysis: Analysis = field(default_factory=Analysis)
+    comment: Comment = field(default_factory=Comment)
+    drain: Drain = field(default_factory=Drain)
+    access: Access = field(default_factory=Access)
+    source: str = ""  # the file it was read from, "" for defaults
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.pop("source", None)
+        return d
+
+
+_KERNEL_SOURCES = ("journalctl", "dmesg", "file")
+_COMMENT_FIELDS = ("Comment", "AdminComment")
+
+
+def _coerce(section: str, key: str, want: type, value: Any) -> Any:
+    if want is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if want is bool and not isinstance(value, bool):
+        raise ConfigError(f"[{section}] {key}: expected true or false, got {value!r}")
+    if not isinstance(value, want) or (want is int and isinstance(value, bool)):
+        raise ConfigError(f"[{section}] {key}: expected {want.__name__}, got {value!r}")
+    return value
+
+
+def from_dict(data: dict[str, Any], source: str = "") -> Config:
+    cfg = Config(source=source)
+    for section, values in data.items():
+        sect_field = next((f for f in dataclasses.fields(Config) if f.name == section and f.name != "source"), None)
+        if sect_field is None:
+            raise ConfigError(f"{source or 'config'}: unknown section [{section}]")
+        if not isinstance(values, dict):
+            raise ConfigError(f"{source or 'config'}: [{section}] must be a table")
+        obj = getattr(cfg, section)
+        types = {f.name: f.type for f in dataclasses.fields(obj)}
+        for key, value in values.items():
+            if key not in types:
+                raise ConfigError(f"{source or 'config'}: unknown key '{key}' in [{section}]")
+            want = {"str": str, "int": int, "float": float, "bool": bool}[str(types[key])]
+            setattr(obj, key, _coerce(section, key, want, value))
+    _validate(cfg)
+    return cfg
+
+
+def _validate(cfg: Config) -> None:
+    if cfg.collect.kernel_source not in _KERNEL_SOURCES:
+        raise ConfigError(f"[collect] kernel_source: must be one of {', '.join(_KERNEL_SOURCES)}, got {cfg.collect.kernel_source!r}")
+    if cfg.collect.kernel_source == "file" and not cfg.collect.kernel_file:
+        raise ConfigError("[collect] kernel_file: required when kernel_source = \"file\"")
+    if cfg.comment.field not in _COMMENT_FIELDS:
+        raise ConfigError(f"[comment] field: must be Comment or AdminComment, got {cfg.comment.field!r}")
+    if cfg.collect.time_budget_s <= 0:
+        raise ConfigError("[collect] time_budget_s: must be positive")
+    if not 0 <= cfg.drain.max_partition_percent <= 100:
+        raise ConfigError("[drain] max_partition_percent: must be between 0 and 100")
+
+
+def config_path() -> str:
+    return os.environ.get(ENV_VAR) or DEFAULT_PATH
+
+
+def load(path: str | None = None) -> Config:
+    """Load the site config. A missing default file means defaults; a missing named file is an error."""
+    explicit = path is not None or ENV_VAR in os.environ
+    path = path or config_path()
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError as err:
+        if explicit:
+            raise ConfigError(f"{path}: no such config file") from err
+        return Config(source="")
+    except OSError as err:
+        raise ConfigError(f"{path}: {err.strerror}") from err
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path}: not valid TOML: {err}") from err
+    return from_dict(data, source=path)

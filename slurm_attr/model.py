@@ -1,0 +1,204 @@
+"""The data that flows through slurm-attr: symptoms in, one verdict out.
+
+Collectors produce bundle files; analysers (rules, flightrec, probe) turn bundle
+files into ``Symptom`` and ``Coverage`` records; ``verdict.decide`` turns those
+into one ``Verdict``. The verdict's dict form is the contract of DESIGN.md §4.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# cause word -> domain (DESIGN.md §4). Rules name the fine symptom; this is the coarse class.
+CAUSES: dict[str, str] = {
+    "gpu_hardware": "hardware",
+    "nvlink": "hardware",
+    "host_hardware": "hardware",
+    "network": "network",
+    "comm_hang": "network",
+    "collective_mismatch": "user",
+    "rank_stuck": "user",
+    "cuda_oom": "user",
+    "host_oom": "user",
+    "user_error": "user",
+    "time_limit": "scheduler",
+    "cancelled": "scheduler",
+    "preempted": "scheduler",
+    "node_failure": "infrastructure",
+    "filesystem": "infrastructure",
+    "launch_failure": "infrastructure",
+    "none": "none",
+    "unknown": "unknown",
+}
+
+ROLES = ("root", "cascade", "confirmation", "context")
+COVERAGE_STATUSES = ("ok", "missing", "error", "truncated")
+ACTION_KINDS = ("drain", "reboot", "reset", "none")
+
+# Evidence sources and whether the job could have written them (DESIGN.md §5).
+# Only trusted evidence may lead to a drain or reboot.
+TRUSTED_SOURCES = frozenset({"kernel", "scheduler", "slurm"})
+UNTRUSTED_SOURCES = frozenset({"stdout", "stderr", "fr", "probe", "nccl"})
+
+
+def domain_of(cause: str) -> str:
+    return CAUSES.get(cause, "unknown")
+
+
+def is_trusted(source: str) -> bool:
+    return source in TRUSTED_SOURCES
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One piece of evidence: a line of a file in the bundle, or a derived fact."""
+
+    source: str  # kernel | scheduler | slurm | stdout | stderr | fr | probe | nccl
+    path: str | None = None  # relative to the bundle root
+    line: int | None = None  # 1-based line number in path, when it is a line
+    text: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "path": self.path, "line": self.line, "text": self.text}
+
+
+@dataclass
+class Symptom:
+    """A recognised signal. ``id`` is the rule id (``domain.snake_case``)."""
+
+    id: str
+    cause: str
+    role: str = "root"  # root | cascade | confirmation | context
+    priority: int = 50  # higher wins among roots
+    trusted: bool = False
+    node: str | None = None
+    rank: int | None = None
+    gpu: str | None = None  # GPU index or PCI address as the log names it
+    time: str | None = None  # ISO 8601 when the line carried a usable time
+    action: str = "none"  # what the catalog asks for this symptom: drain | reboot | reset | none
+    summary: str = ""
+    fields: dict[str, Any] = field(default_factory=dict)
+    evidence: list[Evidence] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "cause": self.cause,
+            "role": self.role,
+            "priority": self.priority,
+            "trusted": self.trusted,
+            "node": self.node,
+            "rank": self.rank,
+            "gpu": self.gpu,
+            "time": self.time,
+            "action": self.action,
+            "summary": self.summary,
+            "fields": self.fields,
+            "evidence": [e.to_dict() for e in self.evidence],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Symptom":
+        return cls(
+            id=d["id"],
+            cause=d.get("cause", "unknown"),
+            role=d.get("role", "root"),
+            priority=int(d.get("priority", 50)),
+            trusted=bool(d.get("trusted", False)),
+            node=d.get("node"),
+            rank=d.get("rank"),
+            gpu=d.get("gpu"),
+            time=d.get("time"),
+            action=d.get("action", "none"),
+            summary=d.get("summary", ""),
+            fields=dict(d.get("fields") or {}),
+            evidence=[Evidence(**e) for e in d.get("evidence") or []],
+        )
+
+
+@dataclass
+class Coverage:
+    """What one evidence source delivered: ok | missing | error | truncated."""
+
+    source: str
+    node: str | None = None
+    status: str = "ok"
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Action:
+    """One drain-policy decision; ``applied`` false with ``blocked_by`` when not carried out."""
+
+    kind: str
+    node: str | None = None
+    reason: str = ""
+    applied: bool = False
+    blocked_by: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Verdict:
+    job_id: str
+    cause: str = "unknown"
+    summary: str = ""
+    culprit_nodes: list[str] = field(default_factory=list)
+    culprit_ranks: list[int] = field(default_factory=list)
+    culprit_gpus: list[str] = field(default_factory=list)
+    ambiguous: bool = False
+    alternatives: list[dict[str, str]] = field(default_factory=list)
+    symptoms: list[Symptom] = field(default_factory=list)
+    coverage: list[Coverage] = field(default_factory=list)
+    actions: list[Action] = field(default_factory=list)
+
+    @property
+    def domain(self) -> str:
+        return domain_of(self.cause)
+
+    def root(self) -> Symptom | None:
+        for s in self.symptoms:
+            if s.role == "root":
+                return s
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The verdict contract (DESIGN.md §4). Extra keys may only be added."""
+        return {
+            "job_id": self.job_id,
+            "cause": self.cause,
+            "domain": self.domain,
+            "summary": self.summary,
+            "culprit": {
+                "nodes": list(self.culprit_nodes),
+                "ranks": list(self.culprit_ranks),
+                "gpus": list(self.culprit_gpus),
+            },
+            "ambiguous": self.ambiguous,
+            "alternatives": list(self.alternatives),
+            "symptoms": [s.to_dict() for s in self.symptoms],
+            "coverage": [c.to_dict() for c in self.coverage],
+            "actions": [a.to_dict() for a in self.actions],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Verdict":
+        culprit = d.get("culprit") or {}
+        return cls(
+            job_id=str(d["job_id"]),
+            cause=d.get("cause", "unknown"),
+            summary=d.get("summary", ""),
+            culprit_nodes=list(culprit.get("nodes") or []),
+            culprit_ranks=list(culprit.get("ranks") or []),
+            culprit_gpus=list(culprit.get("gpus") or []),
+            ambiguous=bool(d.get("ambiguous", False)),
+            alternatives=list(d.get("alternatives") or []),
+            symptoms=[Symptom.from_dict(s) for s in d.get("symptoms") or []],
+            coverage=[Coverage(**c) for c in d.get("coverage") or []],
+            actions=[Action(**a) for a in d.get("actions") or []],
+        )

@@ -55,6 +55,8 @@ class Collect:
     nccl_cap_bytes: int = 8 * MiB
     output_tail_bytes: int = 2 * MiB
     max_files: int = 4096
+    # Controller-side: daemon logs to search for lines about the job (comma-separated globs).
+    scheduler_logs: str = ""
     # The node epilog's whole budget; keep it well under PrologEpilogTimeout.
     time_budget_s: float = 20.0
     # Remove the job's evidence dir on the node after collecting it.

@@ -1,0 +1,14 @@
+#!/bin/bash
+# slurm-attr EpilogSlurmctld (slurm.conf: EpilogSlurmctld=/usr/libexec/slurm-attr/epilog_slurmctld.sh).
+# Runs once per job on the controller, with no PATH and no SLURM_CONF (slurmctld gives
+# neither). Writes job.json and the output tails, starts the analysis detached, exits 0.
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+export SLURM_CONF=${SLURM_CONF:-/etc/slurm/slurm.conf}
+PY=${SLURM_ATTR_PYTHON:-python3}
+LIMIT=${SLURM_ATTR_EPILOG_TIMEOUT:-40}
+TAG="slurm_attr[${SLURM_JOB_ID:-?}]"
+
+timeout -k 2 "$LIMIT" "$PY" -m slurm_attr.hooks controller 2>&1 | logger -t "$TAG" -p daemon.info 2>/dev/null
+rc=${PIPESTATUS[0]}
+[ "$rc" = 124 ] || [ "$rc" = 137 ] && logger -t "$TAG" -p daemon.err "controller epilog killed after ${LIMIT}s" 2>/dev/null
+exit 0

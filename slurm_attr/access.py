@@ -1,0 +1,117 @@
+"""Who may see which verdict: admins see every job, users their own (as sacct does).
+
+Admins: root, Slurm's SlurmUser, and members of [access] admin_group. The verdict
+database is root's; a user who cannot open it gets their own job's verdict from
+the accounting comment (the SATTR1: part) instead.
+"""
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+from dataclasses import dataclass, field
+from typing import Any
+
+from .comment import MARKER
+from .config import Config
+from .errors import NotFound, PermissionDenied, SlurmError, StoreError
+from .model import Verdict
+from .slurm import default_backend
+from .store import Store
+
+
+@dataclass
+class JobView:
+    verdict: Verdict
+    job: dict[str, Any] = field(default_factory=dict)
+    comment_status: str | None = None
+    source: str = "database"  # database | accounting
+
+
+def caller() -> tuple[int, str]:
+    uid = os.getuid()
+    try:
+        return uid, pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return uid, str(uid)
+
+
+def is_admin(cfg: Config, uid: int, name: str, slurm_user: str = "slurm") -> bool:
+    if uid == 0 or name == slurm_user:
+        return True
+    if cfg.access.admin_group:
+        try:
+            g = grp.getgrnam(cfg.access.admin_group)
+        except KeyError:
+            return False
+        if name in g.gr_mem:
+            return True
+        try:
+            return pwd.getpwnam(name).pw_gid == g.gr_gid
+        except KeyError:
+            return False
+    return False
+
+
+def _can_open(path: str) -> bool:
+    return os.path.exists(path) and os.access(path, os.R_OK) and os.access(os.path.dirname(path) or ".", os.X_OK)
+
+
+def _check_owner(job: dict[str, Any], uid: int, name: str, job_id: str) -> None:
+    owner_uid = job.get("uid")
+    owner = job.get("user")
+    if (owner_uid is not None and int(owner_uid) == uid) or (owner and owner == name):
+        return
+    raise PermissionDenied(f"job {job_id} belongs to another user: you can see only your own jobs")
+
+
+def job_view(cfg: Config, job_id: str) -> JobView:
+    uid, name = caller()
+    admin = is_admin(cfg, uid, name)
+    if _can_open(cfg.paths.database):
+        try:
+            store = Store(cfg.paths.database)
+        except StoreError:
+            store = None
+        if store is not None:
+            v = store.verdict(job_id)
+            job = store.job(job_id)
+            if not admin:
+                _check_owner(job, uid, name, job_id)
+            c = store.comment(job_id)
+            return JobView(verdict=v, job=job, comment_status=c["status"] if c else None)
+    if admin and os.path.exists(cfg.paths.database):
+        raise StoreError(f"cannot read {cfg.paths.database}")
+    return _from_accounting(cfg, job_id, uid, name, admin)
+
+
+def _from_accounting(cfg: Config, job_id: str, uid: int, name: str, admin: bool) -> JobView:
+    slurm = default_backend(cfg.paths.slurm_bin, cfg.paths.slurm_conf)
+    try:
+        row = slurm.sacct_job(job_id)
+        text = slurm.job_comment(job_id, cfg.comment.field) if row else None
+    except SlurmError as err:
+        raise NotFound(f"no verdict for job {job_id} (accounting: {err})") from err
+    if not row:
+        raise NotFound(f"job {job_id} is not in accounting")
+    if not admin and row.get("User") != name:
+        raise PermissionDenied(f"job {job_id} belongs to another user: you can see only your own jobs")
+    at = (text or "").find(MARKER)
+    if at < 0:
+        raise NotFound(f"no verdict for job {job_id} yet (none in its {cfg.comment.field})")
+    ours = text[at + len(MARKER):].strip()
+    head, _, summary = ours.partition(" - ")
+    words = head.split()
+    v = Verdict(job_id=job_id, cause=words[0] if words else "unknown", summary=summary.strip())
+    for w in words[1:]:
+        key, _, val = w.partition("=")
+        if key == "nodes":
+            v.culprit_nodes = [x for x in val.split(",") if x and not x.startswith("+")]
+        elif key == "ranks":
+            v.culprit_ranks = [int(x) for x in val.split(",") if x.isdigit()]
+        elif key == "gpus":
+            v.culprit_gpus = [x for x in val.split(",") if x and not x.startswith("+")]
+        elif key == "ambiguous":
+            v.ambiguous = True
+    job = {"user": row.get("User"), "partition": row.get("Partition"), "state": row.get("State")}
+    return JobView(verdict=v, job=job, source="accounting")

@@ -1,0 +1,41 @@
+"""The one interface slurm-attr uses to talk to Slurm.
+
+Backends: the Slurm CLI (``cli.CliSlurm``, the tested path) and, where pyslurm
+matches the running Slurm, a pyslurm backend behind the same methods.
+"""
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+
+class SlurmAccess(Protocol):
+    def show_job(self, job_id: str) -> dict[str, str] | None:
+        """`scontrol show job` fields while slurmctld still knows the job, else None."""
+
+    def sacct_job(self, job_id: str) -> dict[str, str] | None:
+        """The allocation's accounting row (State, ExitCode, Comment, ...), or None."""
+
+    def job_comment(self, job_id: str, field: str) -> str | None:
+        """Current Comment/AdminComment in accounting; None when the job is not there yet."""
+
+    def set_job_comment(self, job_id: str, field: str, text: str) -> None:
+        """Write Comment/AdminComment of a finished job into accounting."""
+
+    def show_node(self, node: str) -> dict[str, str] | None: ...
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """Every node: name, state words, reason, partitions."""
+
+    def drain(self, node: str, reason: str) -> None: ...
+
+    def resume(self, node: str) -> None: ...
+
+    def reboot(self, node: str, reason: str, nextstate: str = "DOWN") -> None: ...
+
+
+def default_backend(slurm_bin: str, slurm_conf: str, timeout: float = 15.0) -> "SlurmAccess":
+    """The CLI backend. pyslurm exists on PyPI only for Slurm 25.11; it is not used
+    unless it imports and reports the same major.minor as the running Slurm."""
+    from .cli import CliSlurm
+
+    return CliSlurm(slurm_bin=slurm_bin, slurm_conf=slurm_conf, timeout=timeout)

@@ -1,0 +1,141 @@
+"""Slurm through its command-line tools (scontrol, sacct, sacctmgr, sinfo).
+
+Argument lists only (no shell), a timeout on every call, stderr captured and
+carried in the typed error. Output formats are those of Slurm 22.05 and later:
+``scontrol -o`` (one record per line, key=value), ``sacct -P``.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from typing import Any
+
+from ..errors import SlurmError, SlurmUnavailable
+
+# `scontrol -o show job` prints `Key=Value Key=Value ...`; values may hold spaces
+# (Comment=, Command=), so split only where a new `Key=` starts.
+_KEY_START = re.compile(r"(?:^|\s)([A-Z][A-Za-z0-9_:/.]*)=")
+
+_UNAVAILABLE = (
+    "Unable to contact slurm controller",
+    "Connection refused",
+    "Socket timed out",
+    "slurmdbd: Connection",
+    "Problem talking to the database",
+    "Slurm accounting storage is disabled",
+    "Zero Bytes were transmitted",
+)
+
+# sacct fields we read for one job.
+SACCT_FIELDS = ("JobID", "JobIDRaw", "User", "Partition", "NodeList", "State", "ExitCode",
+                "DerivedExitCode", "Start", "End", "Elapsed", "Timelimit", "Restarts")
+
+
+def parse_oneliner(line: str) -> dict[str, str]:
+    """Parse one `scontrol -o` record into a dict."""
+    out: dict[str, str] = {}
+    matches = list(_KEY_START.finditer(line))
+    for i, m in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
+        out[m.group(1)] = line[m.end():end].strip()
+    return out
+
+
+class CliSlurm:
+    def __init__(self, slurm_bin: str = "/usr/bin", slurm_conf: str = "", timeout: float = 15.0):
+        self.slurm_bin = slurm_bin
+        self.slurm_conf = slurm_conf
+        self.timeout = timeout
+
+    # -- plumbing ---------------------------------------------------------------
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PATH"] = f"{self.slurm_bin}:{env.get('PATH', '/usr/bin:/bin')}"
+        if self.slurm_conf:
+            env["SLURM_CONF"] = self.slurm_conf
+        return env
+
+    def run(self, tool: str, *args: str) -> str:
+        cmd = [os.path.join(self.slurm_bin, tool), *args]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=self.timeout,
+                                  env=self._env(), stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired as err:
+            raise SlurmUnavailable(f"{tool} timed out after {self.timeout:.0f}s", stderr=str(err.stderr or "")) from err
+        except OSError as err:
+            raise SlurmError(f"cannot run {cmd[0]}: {err.strerror}") from err
+        if proc.returncode != 0:
+            msg = (proc.stderr or proc.stdout).strip()
+            cls = SlurmUnavailable if any(s in msg for s in _UNAVAILABLE) else SlurmError
+            raise cls(f"{tool} {' '.join(args[:3])}: {msg or 'exit ' + str(proc.returncode)}",
+                      stderr=proc.stderr, returncode=proc.returncode)
+        return proc.stdout
+
+    # -- jobs ---------------------------------------------------------------------
+    def show_job(self, job_id: str) -> dict[str, str] | None:
+        try:
+            out = self.run("scontrol", "-o", "show", "job", job_id)
+        except SlurmError as err:
+            if "Invalid job id" in str(err):
+                return None
+            raise
+        lines = [ln for ln in out.splitlines() if ln.strip()]
+        # An array job id lists every task; the caller asked for this exact one.
+        for ln in lines:
+            rec = parse_oneliner(ln)
+            if rec.get("JobId") == job_id or f"{rec.get('ArrayJobId')}_{rec.get('ArrayTaskId')}" == job_id:
+                return rec
+        return parse_oneliner(lines[0]) if lines else None
+
+    def sacct_job(self, job_id: str) -> dict[str, str] | None:
+        out = self.run("sacct", "-n", "-P", "-X", "-j", job_id, "-o", ",".join(SACCT_FIELDS))
+        for ln in out.splitlines():
+            parts = ln.split("|")
+            if len(parts) == len(SACCT_FIELDS):
+                return dict(zip(SACCT_FIELDS, parts))
+        return None
+
+    def job_comment(self, job_id: str, field: str) -> str | None:
+        # -X: only the allocation's row. The comment is the last column, so a '|'
+        # inside it only lands in the partition's right side.
+        out = self.run("sacct", "-n", "-P", "-X", "-j", job_id, "-o", f"JobIDRaw,{field}")
+        for ln in out.splitlines():
+            _raw, sep, comment = ln.partition("|")
+            if sep:
+                return comment
+        return None
+
+    def set_job_comment(self, job_id: str, field: str, text: str) -> None:
+        out = self.run("sacctmgr", "-i", "modify", "job", "where", f"jobid={job_id}", "set", f"{field}={text}")
+        if "Nothing modified" in out or "Nothing to modify" in out:
+            raise SlurmUnavailable(f"accounting has no record of job {job_id} yet")
+
+    # -- nodes ----------------------------------------------------------------------
+    def show_node(self, node: str) -> dict[str, str] | None:
+        try:
+            out = self.run("scontrol", "-o", "show", "node", node)
+        except SlurmError as err:
+            if "not found" in str(err).lower():
+                return None
+            raise
+        lines = [ln for ln in out.splitlines() if ln.strip()]
+        return parse_oneliner(lines[0]) if lines else None
+
+    def nodes(self) -> list[dict[str, Any]]:
+        out = self.run("scontrol", "-o", "show", "node")
+        recs = []
+        for ln in out.splitlines():
+            if ln.strip():
+                rec = parse_oneliner(ln)
+                recs.append(rec)
+        return recs
+
+    def drain(self, node: str, reason: str) -> None:
+        self.run("scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}")
+
+    def resume(self, node: str) -> None:
+        self.run("scontrol", "update", f"NodeName={node}", "State=RESUME")
+
+    def reboot(self, node: str, reason: str, nextstate: str = "DOWN") -> None:
+        self.run("scontrol", "reboot", "ASAP", f"nextstate={nextstate}", f"reason={reason}", node)

@@ -1,0 +1,224 @@
+"""The verdict store: SQLite through sqlite-utils.
+
+Tables: jobs, verdicts, symptoms, evidence, coverage, actions, comments (the
+accounting-comment queue), meta (schema version). WAL and a busy timeout: the
+detached analysers of jobs ending together write at once. Re-analysis of a job
+replaces its rows. Per-node/GPU symptom history serves recurrence rules.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from datetime import datetime, timezone
+from typing import Any, Iterable, Iterator
+
+import sqlite_utils
+
+from .errors import NotFound, StoreError
+from .model import Action, Verdict
+
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_MS = 10_000
+
+
+def _now() -> float:
+    return time.time()
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="seconds")
+
+
+# Each migration takes the schema from version i to i+1; index 0 creates version 1.
+def _m1(db: sqlite_utils.Database) -> None:
+    db["jobs"].create({
+        "job_id": str, "slurm_job_id": str, "bundle_key": str, "user": str, "uid": int, "partition": str,
+        "nodes": str, "state": str, "exit_code": int, "signal": int, "start_time": str, "end_time": str,
+        "bundle_path": str, "updated_at": float,
+    }, pk="job_id", if_not_exists=True)
+    db["verdicts"].create({
+        "job_id": str, "cause": str, "domain": str, "summary": str, "ambiguous": int,
+        "culprit_nodes": str, "culprit_ranks": str, "culprit_gpus": str, "verdict_json": str,
+        "analyzed_at": float, "analysis_ms": float,
+    }, pk="job_id", if_not_exists=True)
+    db["symptoms"].create({
+        "id": int, "job_id": str, "rule_id": str, "cause": str, "role": str, "priority": int,
+        "trusted": int, "node": str, "rank": int, "gpu": str, "time": str, "action": str,
+        "summary": str, "fields_json": str, "seen_at": float,
+    }, pk="id", if_not_exists=True)
+    db["evidence"].create({
+        "id": int, "symptom_id": int, "job_id": str, "source": str, "path": str, "line": int, "text": str,
+    }, pk="id", if_not_exists=True)
+    db["coverage"].create({
+        "id": int, "job_id": str, "source": str, "node": str, "status": str, "detail": str,
+    }, pk="id", if_not_exists=True)
+    db["actions"].create({
+        "id": int, "job_id": str, "kind": str, "node": str, "reason": str, "applied": int,
+        "blocked_by": str, "decided_at": float, "path": str, "actor": str,
+    }, pk="id", if_not_exists=True)
+    db["comments"].create({
+        "job_id": str, "slurm_job_id": str, "field": str, "text": str, "status": str, "attempts": int,
+        "last_error": str, "updated_at": float,
+    }, pk="job_id", if_not_exists=True)
+    db["symptoms"].create_index(["node", "gpu", "rule_id"], if_not_exists=True)
+    db["symptoms"].create_index(["job_id"], if_not_exists=True)
+    db["evidence"].create_index(["job_id"], if_not_exists=True)
+    db["coverage"].create_index(["job_id"], if_not_exists=True)
+    db["actions"].create_index(["job_id"], if_not_exists=True)
+    db["actions"].create_index(["decided_at"], if_not_exists=True)
+
+
+MIGRATIONS = [_m1]
+
+
+class Store:
+    def __init__(self, path: str | None = None, memory: bool = False):
+        try:
+            if memory or path is None:
+                conn = sqlite3.connect(":memory:")
+            else:
+                # Root-only: users read their own verdicts from the accounting comment.
+                os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
+                if not os.path.exists(path):
+                    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
+                conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_MS / 1000)
+                conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            self.db = sqlite_utils.Database(conn)
+            self._migrate()
+        except sqlite3.Error as err:
+            raise StoreError(f"cannot open verdict database {path}: {err}") from err
+        self.path = path
+
+    # -- schema ------------------------------------------------------------------
+    def _migrate(self) -> None:
+        self.db["meta"].create({"key": str, "value": str}, pk="key", if_not_exists=True)
+        row = list(self.db.query("select value from meta where key = 'schema_version'"))
+        version = int(row[0]["value"]) if row else 0
+        if version > SCHEMA_VERSION:
+            raise StoreError(f"database schema {version} is newer than this sattr ({SCHEMA_VERSION}): upgrade slurm-attr")
+        for i in range(version, SCHEMA_VERSION):
+            with self.db.conn:
+                MIGRATIONS[i](self.db)
+                self.db["meta"].upsert({"key": "schema_version", "value": str(i + 1)}, pk="key")
+
+    @property
+    def schema_version(self) -> int:
+        return int(self.db["meta"].get("schema_version")["value"])
+
+    # -- writing ---------------------------------------------------------------------
+    def save(self, job: dict[str, Any], verdict: Verdict, bundle_path: str = "", analysis_ms: float = 0.0) -> None:
+        """Store one job's verdict and its parts, replacing an earlier analysis of the job."""
+        jid = verdict.job_id
+        now = _now()
+        with self.db.conn:
+            for table in ("symptoms", "evidence", "coverage"):
+                self.db.execute(f"delete from {table} where job_id = ?", [jid])
+            self.db["jobs"].upsert({
+                "job_id": jid, "slurm_job_id": str(job.get("slurm_job_id") or jid.split("_")[0]),
+                "bundle_key": os.path.basename(bundle_path.rstrip("/")) if bundle_path else jid,
+                "user": job.get("user"), "uid": job.get("uid"), "partition": job.get("partition"),
+                "nodes": json.dumps(job.get("nodes") or []), "state": job.get("state"),
+                "exit_code": job.get("exit_code"), "signal": job.get("signal"),
+                "start_time": job.get("start_time"), "end_time": job.get("end_time"),
+                "bundle_path": bundle_path, "updated_at": now,
+            }, pk="job_id", alter=True)
+            d = verdict.to_dict()
+            self.db["verdicts"].upsert({
+                "job_id": jid, "cause": verdict.cause, "domain": verdict.domain, "summary": verdict.summary,
+                "ambiguous": int(verdict.ambiguous), "culprit_nodes": json.dumps(verdict.culprit_nodes),
+                "culprit_ranks": json.dumps(verdict.culprit_ranks), "culprit_gpus": json.dumps(verdict.culprit_gpus),
+                "verdict_json": json.dumps(d), "analyzed_at": now, "analysis_ms": analysis_ms,
+            }, pk="job_id", alter=True)
+            for s in verdict.symptoms:
+                sid = self.db["symptoms"].insert({
+                    "job_id": jid, "rule_id": s.id, "cause": s.cause, "role": s.role, "priority": s.priority,
+                    "trusted": int(s.trusted), "node": s.node, "rank": s.rank, "gpu": s.gpu, "time": s.time,
+                    "action": s.action, "summary": s.summary, "fields_json": json.dumps(s.fields, default=str),
+                    "seen_at": now,
+                }).last_pk
+                self.db["evidence"].insert_all(
+                    ({"symptom_id": sid, "job_id": jid, "source": e.source, "path": e.path, "line": e.line,
+                      "text": (e.text or "")[:2000]} for e in s.evidence))
+            self.db["coverage"].insert_all(
+                ({"job_id": jid, **c.to_dict()} for c in verdict.coverage))
+
+    def record_actions(self, job_id: str, actions: Iterable[Action], path: str, actor: str = "sattr") -> None:
+        with self.db.conn:
+            self.db["actions"].insert_all(
+                ({"job_id": job_id, "kind": a.kind, "node": a.node, "reason": a.reason, "applied": int(a.applied),
+                  "blocked_by": a.blocked_by, "decided_at": _now(), "path": path, "actor": actor} for a in actions))
+
+    # -- reading ----------------------------------------------------------------------
+    def verdict(self, job_id: str) -> Verdict:
+        rows = list(self.db.query("select verdict_json from verdicts where job_id = ?", [job_id]))
+        if not rows:
+            raise NotFound(f"no verdict for job {job_id}: not analysed yet, or not run under slurm-attr")
+        return Verdict.from_dict(json.loads(rows[0]["verdict_json"]))
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        try:
+            row = dict(self.db["jobs"].get(job_id))
+        except sqlite_utils.db.NotFoundError as err:
+            raise NotFound(f"job {job_id} is not in the verdict database") from err
+        row["nodes"] = json.loads(row.get("nodes") or "[]")
+        return row
+
+    def jobs(self, since: float | None = None, user: str | None = None, cause: str | None = None,
+             node: str | None = None, limit: int = 200) -> list[dict[str, Any]]:
+        sql = ["select j.*, v.cause, v.domain, v.summary, v.culprit_nodes, v.analyzed_at from jobs j",
+               "join verdicts v on v.job_id = j.job_id where 1=1"]
+        args: list[Any] = []
+        if since is not None:
+            sql.append("and v.analyzed_at >= ?"); args.append(since)
+        if user:
+            sql.append("and j.user = ?"); args.append(user)
+        if cause:
+            sql.append("and v.cause = ?"); args.append(cause)
+        if node:
+            sql.append("and exists (select 1 from json_each(j.nodes) where value = ?)"); args.append(node)
+        sql.append("order by v.analyzed_at desc limit ?"); args.append(limit)
+        return [dict(r) for r in self.db.query(" ".join(sql), args)]
+
+    def gpu_symptom_jobs(self, node: str, gpu: str, symptom_id: str, since_epoch: float,
+                         exclude_job: str) -> set[str]:
+        """Other jobs that showed symptom_id on node+gpu since the given time (recurrence)."""
+        rows = self.db.query(
+            "select distinct job_id from symptoms where node = ? and gpu = ? and rule_id = ? "
+            "and seen_at >= ? and job_id != ?", [node, gpu, symptom_id, since_epoch, exclude_job])
+        return {r["job_id"] for r in rows}
+
+    def actions(self, job_id: str | None = None, since: float | None = None, limit: int = 500) -> list[dict[str, Any]]:
+        sql = "select * from actions where 1=1"
+        args: list[Any] = []
+        if job_id:
+            sql += " and job_id = ?"; args.append(job_id)
+        if since is not None:
+            sql += " and decided_at >= ?"; args.append(since)
+        sql += " order by decided_at desc, id desc limit ?"; args.append(limit)
+        return [dict(r) for r in self.db.query(sql, args)]
+
+    # -- the accounting-comment queue ----------------------------------------------------
+    def queue_comment(self, job_id: str, slurm_job_id: str, field: str, text: str) -> None:
+        self.db["comments"].upsert({"job_id": job_id, "slurm_job_id": slurm_job_id, "field": field, "text": text, "status": "pending",
+                                    "attempts": 0, "last_error": "", "updated_at": _now()}, pk="job_id")
+
+    def comment_result(self, job_id: str, ok: bool, error: str = "", give_up_after: int = 50) -> None:
+        row = dict(self.db["comments"].get(job_id))
+        attempts = int(row.get("attempts") or 0) + 1
+        status = "written" if ok else ("failed" if attempts >= give_up_after else "pending")
+        self.db["comments"].update(job_id, {"status": status, "attempts": attempts, "last_error": error[:500],
+                                            "updated_at": _now()})
+
+    def comment(self, job_id: str) -> dict[str, Any] | None:
+        rows = list(self.db.query("select * from comments where job_id = ?", [job_id]))
+        return dict(rows[0]) if rows else None
+
+    def pending_comments(self) -> Iterator[dict[str, Any]]:
+        yield from (dict(r) for r in self.db.query("select * from comments where status = 'pending' order by updated_at"))
+
+
+def open_store(path: str) -> Store:
+    return Store(path)

@@ -1,0 +1,24 @@
+"""Shared test fixtures: where the project's real data lives."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+# shared/ sits beside the checkout (../shared), as on the developers' machines and in CI.
+SHARED = Path(os.environ.get("SLURM_ATTR_SHARED", REPO.parent / "shared")).resolve()
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def shared_fixtures() -> Path:
+    path = SHARED / "fixtures"
+    if not path.is_dir():
+        pytest.fail(f"shared fixtures not found at {path}: set SLURM_ATTR_SHARED")
+    return path

@@ -1,0 +1,162 @@
+"""The real Slurm test cluster (cluster/testcluster.sh) for the integration suite.
+
+The session fixture brings the cluster up (idempotent) and gives helpers to
+submit jobs, wait for them, and read what users see: env, bundles, sacct, sinfo,
+`sattr`. Everything runs through the real daemons, plugin and epilogs.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sqlite3
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "cluster" / "testcluster.sh"
+BASE = Path(os.environ.get("SATTR_CLUSTER_BASE", "/var/lib/sattr-testcluster"))
+FINAL = ("COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL")
+
+
+@dataclass
+class Cluster:
+    base: Path
+    env: dict[str, str]
+
+    @property
+    def config_path(self) -> Path:
+        return self.base / "etc" / "slurm_attr.toml"
+
+    @property
+    def db_path(self) -> Path:
+        return self.base / "attr" / "sattr.db"
+
+    def bundle(self, job_id: str) -> Path:
+        return self.base / "attr" / "spool" / "bundles" / str(job_id)
+
+    def run(self, args: list[str] | str, user: str | None = None, check: bool = True, timeout: float = 120,
+            env: dict[str, str] | None = None, cwd: str | None = None) -> subprocess.CompletedProcess:
+        if isinstance(args, str):
+            args = shlex.split(args)
+        e = dict(self.env)
+        e.update(env or {})
+        if user:
+            # runuser resets the environment: pass what the user's shell would have.
+            args = ["runuser", "-u", user, "--", "env", *[f"{k}={v}" for k, v in (env or {}).items()],
+                    f"SLURM_CONF={e['SLURM_CONF']}", f"SLURM_ATTR_CONFIG={e['SLURM_ATTR_CONFIG']}",
+                    f"PATH={e['PATH']}", *args]
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=e, cwd=cwd)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"{args} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+        return proc
+
+    def sbatch(self, script: str, *opts: str, user: str | None = None, cwd: str | None = None) -> str:
+        """Submit a batch script (text); returns the job id."""
+        workdir = cwd or self.workdir(user)
+        path = Path(workdir) / f"job-{time.time_ns()}.sh"
+        path.write_text(script if script.startswith("#!") else "#!/bin/bash\n" + script)
+        path.chmod(0o755)
+        if user:
+            subprocess.run(["chown", user, str(path)], check=True)
+        out = self.run(["sbatch", "--parsable", *opts, str(path)], user=user, cwd=workdir).stdout.strip()
+        return out.split(";")[0]
+
+    def workdir(self, user: str | None = None) -> str:
+        d = self.base / "work" / (user or "root")
+        d.mkdir(parents=True, exist_ok=True)
+        if user:
+            subprocess.run(["chown", user, str(d)], check=True)
+        return str(d)
+
+    def sacct(self, job_id: str, fields: str = "State,ExitCode,Comment%400") -> dict[str, str]:
+        names = [f.split("%")[0] for f in fields.split(",")]
+        out = self.run(["sacct", "-n", "-P", "-X", "-j", str(job_id), "-o", fields]).stdout
+        for ln in out.splitlines():
+            parts = ln.split("|", len(names) - 1)
+            if len(parts) == len(names):
+                return dict(zip(names, parts))
+        return {}
+
+    def wait_state(self, job_id: str, timeout: float = 180) -> str:
+        """Wait until accounting shows a final state; return it."""
+        deadline = time.monotonic() + timeout
+        state = ""
+        while time.monotonic() < deadline:
+            state = self.sacct(job_id, "State").get("State", "")
+            if state.split(" ")[0] in FINAL:
+                return state.split(" ")[0]
+            time.sleep(0.5)
+        raise AssertionError(f"job {job_id} not finished after {timeout}s (state {state!r})")
+
+    def verdict(self, job_id: str, timeout: float = 90) -> dict:
+        """Wait for the stored verdict of a job; return the contract dict."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.db_path.exists():
+                try:
+                    con = sqlite3.connect(f"file:{self.db_path}?mode=ro", uri=True, timeout=5)
+                    row = con.execute("select verdict_json from verdicts where job_id = ?", [str(job_id)]).fetchone()
+                    con.close()
+                except sqlite3.Error:
+                    row = None
+                if row:
+                    return json.loads(row[0])
+            time.sleep(0.3)
+        log = (self.base / "log" / "sattr-epilog_slurmctld.log")
+        tail = log.read_text()[-3000:] if log.exists() else ""
+        raise AssertionError(f"no verdict for job {job_id} after {timeout}s\n{tail}")
+
+    def comment(self, job_id: str, timeout: float = 60, marker: str = "SATTR1:") -> str:
+        deadline = time.monotonic() + timeout
+        c = ""
+        while time.monotonic() < deadline:
+            c = self.sacct(job_id, "Comment%400").get("Comment", "")
+            if marker in c:
+                return c
+            time.sleep(0.5)
+        raise AssertionError(f"job {job_id}: no {marker} in Comment after {timeout}s: {c!r}")
+
+    def node_state(self, node: str) -> tuple[str, str]:
+        out = self.run(["sinfo", "-h", "-N", "-n", node, "-o", "%T|%E"]).stdout.strip().splitlines()
+        state, _, reason = (out[0] if out else "|").partition("|")
+        return state, reason
+
+    def wait_idle(self, nodes: list[str], timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        states = {}
+        while time.monotonic() < deadline:
+            states = {n: self.node_state(n)[0] for n in nodes}
+            if all(s == "idle" for s in states.values()):
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"nodes not idle: {states}")
+
+    def kernel_log(self, node: str, line: str) -> None:
+        """Append a kernel line for a node, as journalctl -k prints it (the test kernel source)."""
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        stamp = stamp[:-2] + ":" + stamp[-2:]
+        with open(self.base / "kernel" / f"{node}.log", "a") as f:
+            f.write(f"{stamp} {os.uname().nodename} kernel: {line}\n")
+
+    def sattr(self, *args: str, user: str | None = None, check: bool = False) -> subprocess.CompletedProcess:
+        return self.run(["sattr", *args], user=user, check=check)
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Cluster:
+    if os.geteuid() != 0:
+        pytest.fail("the integration suite needs root (it runs Slurm's daemons)")
+    proc = subprocess.run(["bash", str(SCRIPT), "up"], capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        pytest.fail(f"test cluster did not come up:\n{proc.stdout}\n{proc.stderr}")
+    env = dict(os.environ)
+    for part in subprocess.run(["bash", str(SCRIPT), "env"], capture_output=True, text=True, check=True).stdout.split():
+        if "=" in part:
+            k, v = part.split("=", 1)
+            env[k] = v
+    return Cluster(base=BASE, env=env)

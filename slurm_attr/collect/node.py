@@ -90,12 +90,6 @@ def copy_kind(job_dir: str, kind: str, dest: str, total_cap: int, file_cap: int,
         entries = list(safefs.walk_files(job_dir, kind, max_depth=2))
     except UnsafePath as err:
         return SourceResult(status="missing", detail=str(err))
-    try:
-        if not any(True for _ in safefs.list_dir(job_dir, kind)):
-            res.status = "missing"
-            res.detail = f"no files in {kind}/"
-    except UnsafePath as err:
-        return SourceResult(status="missing", detail=str(err))
     skipped = 0
     for rel in entries:
         if not rel.startswith(kind + "/"):
@@ -120,9 +114,9 @@ def copy_kind(job_dir: str, kind: str, dest: str, total_cap: int, file_cap: int,
             res.detail = f"{rel}: kept {len(got.data)} of {got.size} bytes"
     if skipped and not res.detail:
         res.detail = f"skipped {skipped} entries that were not regular files"
-    if res.files:
-        if res.status == "missing":
-            res.status = "ok"
+    if not res.files and res.status == "ok":
+        res.status = "missing"
+        res.detail = res.detail or f"no files in {kind}/"
     res.ms = (time.monotonic() - t0) * 1000
     return res
 

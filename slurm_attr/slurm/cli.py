@@ -29,7 +29,7 @@ _UNAVAILABLE = (
 
 # sacct fields we read for one job.
 SACCT_FIELDS = ("JobID", "JobIDRaw", "User", "Partition", "NodeList", "State", "ExitCode",
-                "DerivedExitCode", "Start", "End", "Elapsed", "Timelimit", "Restarts")
+                "DerivedExitCode", "Start", "End", "Elapsed", "Timelimit")
 
 
 def parse_oneliner(line: str) -> dict[str, str]:

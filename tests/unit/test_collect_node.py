@@ -1,0 +1,100 @@
+import json
+import os
+import time
+
+import pytest
+
+from slurm_attr.collect.node import NodeJob, collect_node, safe_name
+from slurm_attr.config import Config
+
+
+@pytest.fixture
+def cfg(tmp_path):
+    c = Config()
+    c.paths.evidence_root = str(tmp_path / "evidence")
+    c.paths.spool = str(tmp_path / "spool")
+    c.collect.kernel_source = "file"
+    c.collect.kernel_file = str(tmp_path / "kern-%n.log")
+    os.makedirs(c.paths.evidence_root)
+    return c
+
+
+def _jobdir(cfg, job="42"):
+    d = os.path.join(cfg.paths.evidence_root, job)
+    for k in ("fr", "probe", "nccl"):
+        os.makedirs(os.path.join(d, k))
+    return d
+
+
+def _node_part(cfg, job="42", node="n1"):
+    return os.path.join(cfg.paths.spool, "bundles", job, "nodes", node)
+
+
+def test_collects_files_kernel_and_removes_job_dir(cfg, tmp_path):
+    d = _jobdir(cfg)
+    for r in range(8):
+        with open(os.path.join(d, "fr", f"nccl_trace_rank_{r}"), "wb") as f:
+            f.write(b"\x80\x04" + bytes([r]) * 1000)
+    with open(os.path.join(d, "nccl", "nccl.h.1.log"), "w") as f:
+        f.write("h:1:2 [0] NCCL WARN x\n")
+    (tmp_path / "kern-n1.log").write_text("Xid line without time\n")
+    doc = collect_node(cfg, NodeJob(job_id="42", node="n1", bundle_key="42", start=time.time() - 5))
+    part = _node_part(cfg)
+    assert sorted(os.listdir(os.path.join(part, "fr"))) == [f"nccl_trace_rank_{r}" for r in range(8)]
+    assert doc["sources"]["fr"] == {"status": "ok", "bytes": 8 * 1002, "ms": doc["sources"]["fr"]["ms"], "files": 8}
+    assert doc["sources"]["probe"]["status"] == "missing"
+    assert open(os.path.join(part, "kernel.log")).read() == "Xid line without time\n"
+    assert json.load(open(os.path.join(part, "collect.json")))["node"] == "n1"
+    assert not os.path.exists(d)
+
+
+def test_symlinks_fifos_and_symlinked_dir(cfg, tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("root:x:0:0:shadow")
+    d = _jobdir(cfg)
+    os.symlink(secret, os.path.join(d, "fr", "nccl_trace_rank_0"))
+    os.symlink(str(tmp_path), os.path.join(d, "nccl", "dirlink"))
+    os.mkfifo(os.path.join(d, "probe", "fifo"))
+    doc = collect_node(cfg, NodeJob(job_id="42", node="n1", bundle_key="42"))
+    part = _node_part(cfg)
+    for root, _, files in os.walk(part):
+        for f in files:
+            assert b"shadow" not in open(os.path.join(root, f), "rb").read()
+    assert doc["sources"]["fr"]["status"] == "missing"
+    assert secret.exists() and not os.path.exists(d)
+
+    # The whole job dir replaced by a link to somewhere else: nothing read, only the link removed.
+    target = tmp_path / "victim"
+    target.mkdir()
+    (target / "keep").write_text("x")
+    os.symlink(target, os.path.join(cfg.paths.evidence_root, "43"))
+    doc = collect_node(cfg, NodeJob(job_id="43", node="n1", bundle_key="43"))
+    assert doc["sources"]["fr"]["status"] == "missing"
+    assert (target / "keep").exists()
+    assert not os.path.lexists(os.path.join(cfg.paths.evidence_root, "43"))
+
+
+def test_caps_are_enforced(cfg):
+    cfg.collect.fr_file_cap_bytes = 1000
+    cfg.collect.fr_cap_bytes = 2500
+    d = _jobdir(cfg)
+    for r in range(5):
+        with open(os.path.join(d, "fr", f"nccl_trace_rank_{r}"), "wb") as f:
+            f.write(b"x" * 5000)
+    doc = collect_node(cfg, NodeJob(job_id="42", node="n1", bundle_key="42"))
+    assert doc["sources"]["fr"]["status"] == "truncated"
+    assert doc["sources"]["fr"]["bytes"] <= 2500
+
+
+def test_opted_out_skips_job_files_but_keeps_kernel(cfg, tmp_path):
+    _jobdir(cfg)
+    (tmp_path / "kern-n1.log").write_text("k\n")
+    doc = collect_node(cfg, NodeJob(job_id="42", node="n1", bundle_key="42", opted_out=True))
+    assert doc["sources"]["kernel"]["status"] == "ok"
+    assert "opted out" in doc["sources"]["fr"]["detail"]
+
+
+def test_safe_name():
+    assert safe_name("a/../b c") == "a__..__b_c"
+    assert safe_name("..hidden") == "hidden"
+    assert len(safe_name("x" * 500)) == 200

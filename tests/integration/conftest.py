@@ -144,7 +144,8 @@ class Cluster:
             f.write(f"{stamp} {os.uname().nodename} kernel: {line}\n")
 
     def sattr(self, *args: str, user: str | None = None, check: bool = False) -> subprocess.CompletedProcess:
-        return self.run(["sattr", *args], user=user, check=check)
+        # The site install (a venv every user can run), as users would call it.
+        return self.run([self.env["SATTR_BIN"], *args], user=user, check=check)
 
 
 @pytest.fixture(scope="session")

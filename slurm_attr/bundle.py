@@ -49,6 +49,7 @@ class Bundle:
             raise BundleError(f"cannot open bundle {root}: {err}") from err
         os.close(fd)
         self.coverage: list[Coverage] = []
+        self._ranks: dict[int, str] | None = None
         self.job: dict[str, Any] = self._load_job()
 
     # -- job.json -----------------------------------------------------------------
@@ -67,7 +68,33 @@ class Bundle:
         return self.job["job_id"]
 
     def ranks(self) -> dict[int, str]:
-        """Global rank -> node name from job.json, ignoring malformed entries."""
+        """Global rank -> node name: job.json's ``ranks``, else the rank maps the node
+        collectors recorded (the step with the most ranks: the training step)."""
+        if self._ranks is None:
+            self._ranks = self._job_ranks() or self._collected_ranks()
+        return self._ranks
+
+    def _collected_ranks(self) -> dict[int, str]:
+        per_step: dict[str, dict[int, str]] = {}
+        for node in self.nodes():
+            rel = f"nodes/{node}/collect.json"
+            if not self.exists(rel):
+                continue
+            data = self.read_json(rel, COLLECT_JSON_CAP, source="node", node=node)
+            steps = data.get("ranks") if isinstance(data, dict) else None
+            if not isinstance(steps, dict):
+                continue
+            for step, ranks in steps.items():
+                if isinstance(ranks, list):
+                    for r in ranks:
+                        if isinstance(r, int) and not isinstance(r, bool):
+                            per_step.setdefault(str(step), {})[r] = node
+        if not per_step:
+            return {}
+        best = max(per_step, key=lambda s: (len(per_step[s]), int(s) if s.isdigit() else -1))
+        return per_step[best]
+
+    def _job_ranks(self) -> dict[int, str]:
         out: dict[int, str] = {}
         raw = self.job.get("ranks")
         if isinstance(raw, dict):

@@ -141,6 +141,34 @@ def remove_job_dir(root: str, job_id: str) -> str:
     return ""
 
 
+def read_rank_map(root: str, job_id: str, node: str) -> dict[str, list[int]]:
+    """{step: [global ranks]} that ran on this node, from the plugin's root-owned file; removes it.
+
+    Only a root-owned regular file counts: the job cannot forge where its ranks ran.
+    """
+    name = f"{job_id}.ranks.{node}"
+    out: dict[str, list[int]] = {}
+    try:
+        fd = safefs.open_file(root, name)
+    except UnsafePath:
+        return out
+    try:
+        if os.fstat(fd).st_uid != 0:
+            return out
+        data = safefs.read_fd(fd, 1 << 20).data
+    finally:
+        os.close(fd)
+        try:
+            os.unlink(os.path.join(root, name))
+        except OSError:
+            pass
+    for line in data.decode("ascii", errors="replace").splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+            out.setdefault(parts[0], []).append(int(parts[1]))
+    return {k: sorted(set(v)) for k, v in out.items()}
+
+
 def collect_node(cfg: Config, job: NodeJob) -> dict[str, Any]:
     """Write this node's part of the bundle; return what collect.json says."""
     c = cfg.collect
@@ -182,6 +210,7 @@ def collect_node(cfg: Config, job: NodeJob) -> dict[str, Any]:
             for kind, (total, per_file, tail) in caps.items():
                 sources[kind] = copy_kind(job_dir, kind, os.path.join(node_dir, kind), total, per_file,
                                           c.max_files, deadline, tail=tail).to_dict()
+    ranks = read_rank_map(cfg.paths.evidence_root, job.job_id, job.node)
     if c.remove_job_dir:
         err = remove_job_dir(cfg.paths.evidence_root, job.job_id)
         if err:
@@ -195,6 +224,7 @@ def collect_node(cfg: Config, job: NodeJob) -> dict[str, Any]:
         "started": started.isoformat(timespec="seconds"),
         "ms": round((time.monotonic() - t0) * 1000, 1),
         "sources": sources,
+        "ranks": ranks,
     }
     # Last: its presence tells the controller side this node is done.
     _write(os.path.join(node_dir, "collect.json"), json.dumps(doc, indent=1).encode())

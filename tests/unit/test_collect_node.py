@@ -98,3 +98,29 @@ def test_safe_name():
     assert safe_name("a/../b c") == "a__..__b_c"
     assert safe_name("..hidden") == "hidden"
     assert len(safe_name("x" * 500)) == 200
+
+
+def test_rank_map_is_read_removed_and_used_by_the_bundle(cfg):
+    from slurm_attr.bundle import Bundle
+
+    _jobdir(cfg)
+    with open(os.path.join(cfg.paths.evidence_root, "42.ranks.n1"), "w") as f:
+        f.write("0 0\n0 1\n1 0\njunk line\n")
+    doc = collect_node(cfg, NodeJob(job_id="42", node="n1", bundle_key="42"))
+    assert doc["ranks"] == {"0": [0, 1], "1": [0]}
+    assert not os.path.exists(os.path.join(cfg.paths.evidence_root, "42.ranks.n1"))
+    with open(os.path.join(cfg.paths.evidence_root, "42.ranks.n2"), "w") as f:
+        f.write("0 2\n0 3\n")
+    collect_node(cfg, NodeJob(job_id="42", node="n2", bundle_key="42"))
+    b = Bundle(os.path.join(cfg.paths.spool, "bundles", "42"))
+    assert b.ranks() == {0: "n1", 1: "n1", 2: "n2", 3: "n2"}
+    assert b.node_of_rank(3) == "n2"
+
+
+def test_rank_map_symlink_is_ignored(cfg, tmp_path):
+    other = tmp_path / "forged"
+    other.write_text("0 0\n")
+    os.symlink(other, os.path.join(cfg.paths.evidence_root, "42.ranks.n1"))
+    doc = collect_node(cfg, NodeJob(job_id="42", node="n1", bundle_key="42"))
+    assert doc["ranks"] == {}
+    assert other.exists()

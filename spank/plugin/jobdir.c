@@ -1,0 +1,157 @@
+/*
+ * The per-job evidence directory, created as root before the tasks start.
+ *
+ * Every step works on directory file descriptors opened with O_NOFOLLOW, so a
+ * symlink planted anywhere under the evidence root is refused, never followed,
+ * and ownership changes go through fchown on the descriptor we checked.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "sattr.h"
+
+#define SATTR_DIR_FLAGS (O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+
+/* Open the evidence root, creating it root-owned 0755 if missing. */
+static int sattr_open_root(const char *root, char *err, size_t errlen)
+{
+	struct stat st;
+	int fd, e, created = 0;
+
+	fd = open(root, SATTR_DIR_FLAGS);
+	if (fd < 0 && errno == ENOENT) {
+		if (mkdir(root, 0755) != 0 && errno != EEXIST) {
+			snprintf(err, errlen, "mkdir %s: %s", root, strerror(errno));
+			return -1;
+		}
+		created = 1;
+		fd = open(root, SATTR_DIR_FLAGS);
+	}
+	if (fd < 0) {
+		e = errno;
+		snprintf(err, errlen, "open %s: %s%s", root, strerror(e),
+			 e == ELOOP || e == ENOTDIR ? " (symlink or not a directory)" : "");
+		return -1;
+	}
+	if (fstat(fd, &st) != 0) {
+		snprintf(err, errlen, "fstat %s: %s", root, strerror(errno));
+		goto fail;
+	}
+	if (st.st_uid != 0) {
+		snprintf(err, errlen, "%s is owned by uid %u, not root; refusing it", root,
+			 (unsigned int)st.st_uid);
+		goto fail;
+	}
+	if (created && fchmod(fd, 0755) != 0) {
+		snprintf(err, errlen, "fchmod %s: %s", root, strerror(errno));
+		goto fail;
+	}
+	if (!created && (st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & S_ISVTX)) {
+		snprintf(err, errlen, "%s is group/world-writable without the sticky bit; "
+			 "refusing it", root);
+		goto fail;
+	}
+	return fd;
+fail:
+	close(fd);
+	return -1;
+}
+
+/*
+ * Ensure parentfd/name is a real directory owned by uid:gid with mode 0700.
+ * An existing one must already belong to root (ours, half-made) or to uid:
+ * anything else was planted by someone else and is left alone.
+ */
+static int sattr_ensure_dir(int parentfd, const char *label, const char *name, uid_t uid,
+			    gid_t gid, char *err, size_t errlen)
+{
+	struct stat st;
+	int fd, e;
+
+	if (mkdirat(parentfd, name, 0700) != 0 && errno != EEXIST) {
+		snprintf(err, errlen, "mkdir %s: %s", label, strerror(errno));
+		return -1;
+	}
+	fd = openat(parentfd, name, SATTR_DIR_FLAGS);
+	if (fd < 0) {
+		e = errno;
+		snprintf(err, errlen, "open %s: %s%s; skipped", label, strerror(e),
+			 e == ELOOP || e == ENOTDIR ? " (symlink or not a directory)" : "");
+		return -1;
+	}
+	if (fstat(fd, &st) != 0) {
+		snprintf(err, errlen, "fstat %s: %s", label, strerror(errno));
+		goto fail;
+	}
+	if (st.st_uid != 0 && st.st_uid != uid) {
+		snprintf(err, errlen, "%s exists owned by uid %u, not the job's uid %u; skipped",
+			 label, (unsigned int)st.st_uid, (unsigned int)uid);
+		goto fail;
+	}
+	if (fchown(fd, uid, gid) != 0) {
+		snprintf(err, errlen, "fchown %s: %s", label, strerror(errno));
+		goto fail;
+	}
+	if (fchmod(fd, 0700) != 0) {
+		snprintf(err, errlen, "fchmod %s: %s", label, strerror(errno));
+		goto fail;
+	}
+	return fd;
+fail:
+	close(fd);
+	return -1;
+}
+
+int sattr_jobdir_create(const char *evidence_root, const char *job_id, uid_t uid, gid_t gid,
+			char *err, size_t errlen)
+{
+	static const char *const subdirs[] = { "fr", "probe", "nccl" };
+	char canon[SATTR_ID_MAX];
+	char label[PATH_MAX];
+	int rootfd = -1, jobfd = -1, fd, rc = -1, n;
+	size_t i;
+
+	if (!sattr_path_is_clean_abs(evidence_root)) {
+		snprintf(err, errlen, "evidence root '%s' is not a clean absolute path",
+			 evidence_root);
+		goto out;
+	}
+	/* The id becomes a path component: digits only, canonical form. */
+	if (sattr_parse_job_id(job_id, canon) != 0 || strcmp(canon, job_id) != 0) {
+		snprintf(err, errlen, "job id '%.32s' is not a job number", job_id);
+		goto out;
+	}
+	rootfd = sattr_open_root(evidence_root, err, errlen);
+	if (rootfd < 0)
+		goto out;
+	n = snprintf(label, sizeof(label), "%s/%s", evidence_root, job_id);
+	if (n < 0 || (size_t)n >= sizeof(label)) {
+		snprintf(err, errlen, "job directory path too long");
+		goto out;
+	}
+	jobfd = sattr_ensure_dir(rootfd, label, job_id, uid, gid, err, errlen);
+	if (jobfd < 0)
+		goto out;
+	for (i = 0; i < sizeof(subdirs) / sizeof(subdirs[0]); i++) {
+		n = snprintf(label, sizeof(label), "%s/%s/%s", evidence_root, job_id, subdirs[i]);
+		if (n < 0 || (size_t)n >= sizeof(label)) {
+			snprintf(err, errlen, "job directory path too long");
+			goto out;
+		}
+		fd = sattr_ensure_dir(jobfd, label, subdirs[i], uid, gid, err, errlen);
+		if (fd < 0)
+			goto out;
+		close(fd);
+	}
+	rc = 0;
+out:
+	if (jobfd >= 0)
+		close(jobfd);
+	if (rootfd >= 0)
+		close(rootfd);
+	return rc;
+}

@@ -1,0 +1,300 @@
+/*
+ * Loads the built plugin the way Slurm does (dlopen, RTLD_NOW) against the
+ * fake SPANK host in fake_spank.c, checks its stamp, and drives its callbacks
+ * through each context. Usage: test_plugin build/slurm_attr.so
+ */
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <slurm/slurm_version.h>
+
+#include "check.h"
+#include "fake_spank.h"
+
+int sattr_t_pass, sattr_t_fail;
+
+typedef int (*cb_f)(spank_t, int, char **);
+
+static const char *so_path;
+static void *handle;
+static char base[64];
+static char root[128];
+static char probe_lib[192];
+#define SP ((spank_t)(void *)&fake)
+
+static const char *const callbacks[] = {
+	"slurm_spank_init", "slurm_spank_init_post_opt", "slurm_spank_job_prolog",
+	"slurm_spank_user_init", "slurm_spank_task_init_privileged",
+};
+
+/* Fresh plugin state for every scenario, as in a new srun/slurmstepd process. */
+static void load(spank_context_t ctx)
+{
+	if (handle != NULL)
+		dlclose(handle);
+	fake_reset(ctx);
+	handle = dlopen(so_path, RTLD_NOW | RTLD_LOCAL);
+	if (handle == NULL) {
+		fprintf(stderr, "dlopen %s: %s\n", so_path, dlerror());
+		exit(1);
+	}
+}
+
+static int call(const char *name, int ac, char **av)
+{
+	cb_f fn = (cb_f)dlsym(handle, name);
+
+	if (fn == NULL) {
+		fprintf(stderr, "missing %s\n", name);
+		return -99;
+	}
+	return fn(SP, ac, av);
+}
+
+/* Every log line carries the plugin's prefix. */
+static void check_log_prefix(void)
+{
+	int i;
+
+	for (i = 0; i < fake.n_log; i++) {
+		if (strncmp(fake.log[i], "slurm_attr: ", 12) != 0) {
+			fprintf(stderr, "FAIL log line without prefix: %s\n", fake.log[i]);
+			sattr_t_fail++;
+			return;
+		}
+	}
+	sattr_t_pass++;
+}
+
+static void test_stamp(void)
+{
+	const unsigned int *version, *spank_version;
+	const char *name, *type;
+	size_t i;
+
+	load(S_CTX_LOCAL);
+	name = dlsym(handle, "plugin_name");
+	type = dlsym(handle, "plugin_type");
+	version = dlsym(handle, "plugin_version");
+	spank_version = dlsym(handle, "spank_plugin_version");
+	CHECK(name != NULL && strcmp(name, "slurm_attr") == 0);
+	CHECK(type != NULL && strcmp(type, "spank") == 0);
+	CHECK(version != NULL && *version == SLURM_VERSION_NUMBER);
+	CHECK(spank_version != NULL && *spank_version == 1);
+	for (i = 0; i < sizeof(callbacks) / sizeof(callbacks[0]); i++)
+		CHECK(dlsym(handle, callbacks[i]) != NULL);
+	/* Internals are not exported (nothing for another plugin to collide with). */
+	CHECK(dlsym(handle, "sattr_config_init") == NULL);
+}
+
+/* srun/sbatch: the option, then SATTR_ENABLED for the job's hooks. */
+static const char *client_run(spank_context_t ctx, const char *opt, const char *env,
+			      int ac, char **av)
+{
+	load(ctx);
+	if (env != NULL)
+		setenv("SLURM_ATTR", env, 1);
+	else
+		unsetenv("SLURM_ATTR");
+	CHECK(call("slurm_spank_init", ac, av) == 0);
+	CHECK(fake.n_opts == 1);
+	if (fake.n_opts != 1)
+		return NULL;
+	if (opt != NULL)
+		CHECK(fake.opts[0]->cb(fake.opts[0]->val, opt, 0) == 0);
+	CHECK(call("slurm_spank_init_post_opt", ac, av) == 0);
+	unsetenv("SLURM_ATTR");
+	check_log_prefix();
+	return fake_ctl_get("SATTR_ENABLED");
+}
+
+static void test_client(void)
+{
+	char off[] = "enabled=off";
+	char *site_off[] = { off };
+	struct spank_option *o;
+
+	CHECK_STR(client_run(S_CTX_LOCAL, NULL, NULL, 0, NULL), "1");
+	CHECK_STR(client_run(S_CTX_ALLOCATOR, "off", NULL, 0, NULL), "0");
+	CHECK_STR(client_run(S_CTX_LOCAL, NULL, "off", 0, NULL), "0");
+	CHECK_STR(client_run(S_CTX_LOCAL, NULL, "FALSE", 0, NULL), "0");
+	CHECK_STR(client_run(S_CTX_LOCAL, "on", "off", 0, NULL), "1");
+	CHECK_STR(client_run(S_CTX_LOCAL, NULL, "garbage", 0, NULL), "1");
+	CHECK(fake_logged("SLURM_ATTR=garbage"));
+	CHECK_STR(client_run(S_CTX_ALLOCATOR, NULL, NULL, 1, site_off), "0");
+	CHECK_STR(client_run(S_CTX_ALLOCATOR, "on", NULL, 1, site_off), "1");
+
+	load(S_CTX_LOCAL);
+	CHECK(call("slurm_spank_init", 0, NULL) == 0);
+	CHECK(fake.n_opts == 1);
+	if (fake.n_opts != 1)
+		return;
+	o = fake.opts[0];
+	CHECK_STR(o->name, "attr");
+	CHECK(o->has_arg == 1);
+	/* A bad value is refused at srun, but never fails a step remotely. */
+	CHECK(o->cb(o->val, "maybe", 0) == -1);
+	CHECK(o->cb(o->val, "maybe", 1) == 0);
+	check_log_prefix();
+}
+
+static char *arg(const char *fmt, const char *value)
+{
+	static char bufs[4][256];
+	static int next;
+	char *b = bufs[next++ % 4];
+
+	snprintf(b, sizeof(bufs[0]), fmt, value);
+	return b;
+}
+
+/* slurmstepd: user_init sets the task environment, task_init_privileged the dir. */
+static void test_remote(void)
+{
+	char *av[] = { arg("evidence_root=%s", root), arg("probe_lib=%s", probe_lib), "bogus=1" };
+	char want[256], dir[256];
+	struct stat st;
+
+	load(S_CTX_REMOTE);
+	fake_env_put("NCCL_DEBUG", "INFO");
+	CHECK(call("slurm_spank_init", 3, av) == 0);
+	CHECK(call("slurm_spank_init_post_opt", 3, av) == 0);
+	CHECK(call("slurm_spank_user_init", 3, av) == 0);
+	snprintf(want, sizeof(want), "%s/1234", root);
+	CHECK_STR(fake_env_get("SLURM_ATTR_DIR"), want);
+	CHECK_STR(fake_env_get("TORCH_FR_BUFFER_SIZE"), "2000");
+	snprintf(want, sizeof(want), "%s/1234/fr/nccl_trace_rank_", root);
+	CHECK_STR(fake_env_get("TORCH_FR_DUMP_TEMP_FILE"), want);
+	CHECK_STR(fake_env_get("NCCL_DEBUG"), "INFO");
+	CHECK(fake_env_get("NCCL_DEBUG_FILE") == NULL);
+	CHECK_STR(fake_env_get("NCCL_PROFILER_PLUGIN"), "libnccl-profiler-sattr.so");
+	snprintf(want, sizeof(want), "%s/lib", base);
+	CHECK_STR(fake_env_get("LD_LIBRARY_PATH"), want);
+	CHECK(fake_logged("plugstack.conf: unknown argument 'bogus'"));
+
+	CHECK(call("slurm_spank_task_init_privileged", 3, av) == 0);
+	CHECK(call("slurm_spank_task_init_privileged", 3, av) == 0);
+	snprintf(dir, sizeof(dir), "%s/1234/nccl", root);
+	if (geteuid() == 0)
+		CHECK(lstat(dir, &st) == 0 && st.st_uid == 4242 && st.st_gid == 4343);
+	check_log_prefix();
+
+	/* The user opted out at submission (SLURM_ATTR=off is in the job's environment). */
+	load(S_CTX_REMOTE);
+	fake_env_put("SLURM_ATTR", "off");
+	CHECK(call("slurm_spank_init", 3, av) == 0);
+	CHECK(call("slurm_spank_user_init", 3, av) == 0);
+	CHECK(call("slurm_spank_task_init_privileged", 3, av) == 0);
+	CHECK(fake_env_get("SLURM_ATTR_DIR") == NULL && fake_env_get("NCCL_DEBUG") == NULL);
+
+	/* --attr=off forwarded to the step, inside an enabled batch job: our leftovers go. */
+	load(S_CTX_REMOTE);
+	fake.job_id = 1300;
+	snprintf(want, sizeof(want), "%s/1300", root);
+	fake_env_put("SLURM_ATTR_DIR", want);
+	fake_env_put("NCCL_PROFILER_PLUGIN", "libnccl-profiler-sattr.so");
+	snprintf(want, sizeof(want), "%s/lib:/usr/lib", base);
+	fake_env_put("LD_LIBRARY_PATH", want);
+	CHECK(call("slurm_spank_init", 3, av) == 0);
+	CHECK(fake.n_opts == 1);
+	if (fake.n_opts == 1)
+		CHECK(fake.opts[0]->cb(fake.opts[0]->val, "off", 1) == 0);
+	CHECK(call("slurm_spank_user_init", 3, av) == 0);
+	CHECK(call("slurm_spank_task_init_privileged", 3, av) == 0);
+	CHECK(fake_env_get("SLURM_ATTR_DIR") == NULL);
+	CHECK(fake_env_get("NCCL_PROFILER_PLUGIN") == NULL);
+	CHECK_STR(fake_env_get("LD_LIBRARY_PATH"), "/usr/lib");
+	snprintf(dir, sizeof(dir), "%s/1300", root);
+	CHECK(lstat(dir, &st) != 0);
+
+	/* The submitting command published SATTR_ENABLED=0. */
+	load(S_CTX_REMOTE);
+	fake_env_put("SLURM_SPANK_SATTR_ENABLED", "0");
+	CHECK(call("slurm_spank_user_init", 3, av) == 0);
+	CHECK(fake_env_get("SLURM_ATTR_DIR") == NULL);
+	check_log_prefix();
+}
+
+/* slurmd's job_prolog: job identity from the hook environment. */
+static void test_job_prolog(void)
+{
+	char *av[] = { arg("evidence_root=%s", root) };
+	char dir[256];
+	struct stat st;
+
+	if (geteuid() != 0) {
+		printf("job_prolog tests skipped: they need root\n");
+		return;
+	}
+	load(S_CTX_JOB_SCRIPT);
+	setenv("SLURM_JOB_ID", "1235", 1);
+	setenv("SLURM_JOB_UID", "4242", 1);
+	setenv("SLURM_JOB_GID", "4343", 1);
+	setenv("SPANK_SATTR_ENABLED", "1", 1);
+	CHECK(call("slurm_spank_job_prolog", 1, av) == 0);
+	snprintf(dir, sizeof(dir), "%s/1235/fr", root);
+	CHECK(lstat(dir, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == 4242);
+
+	load(S_CTX_JOB_SCRIPT);
+	setenv("SLURM_JOB_ID", "1236", 1);
+	setenv("SPANK_SATTR_ENABLED", "0", 1);
+	CHECK(call("slurm_spank_job_prolog", 1, av) == 0);
+	snprintf(dir, sizeof(dir), "%s/1236", root);
+	CHECK(lstat(dir, &st) != 0);
+
+	load(S_CTX_JOB_SCRIPT);
+	setenv("SLURM_JOB_ID", "12;rm", 1);
+	unsetenv("SPANK_SATTR_ENABLED");
+	CHECK(call("slurm_spank_job_prolog", 1, av) == 0);
+	CHECK(fake_logged("not a job number"));
+	check_log_prefix();
+	unsetenv("SLURM_JOB_ID");
+	unsetenv("SLURM_JOB_UID");
+	unsetenv("SLURM_JOB_GID");
+}
+
+static void setup_dirs(void)
+{
+	char lib[160];
+	FILE *f;
+
+	snprintf(base, sizeof(base), "/tmp/sattr_plugin.XXXXXX");
+	if (mkdtemp(base) == NULL) {
+		perror("mkdtemp");
+		exit(1);
+	}
+	snprintf(root, sizeof(root), "%s/evidence", base);
+	snprintf(lib, sizeof(lib), "%s/lib", base);
+	snprintf(probe_lib, sizeof(probe_lib), "%s/libnccl-profiler-sattr.so", lib);
+	if (mkdir(lib, 0755) != 0 || (f = fopen(probe_lib, "w")) == NULL) {
+		perror(lib);
+		exit(1);
+	}
+	fclose(f);
+}
+
+int main(int argc, char **argv)
+{
+	char cmd[128];
+	int rc;
+
+	if (argc != 2) {
+		fprintf(stderr, "usage: %s slurm_attr.so\n", argv[0]);
+		return 2;
+	}
+	so_path = argv[1];
+	setup_dirs();
+	test_stamp();
+	test_client();
+	test_remote();
+	test_job_prolog();
+	if (handle != NULL)
+		dlclose(handle);
+	fake_reset(S_CTX_ERROR);
+	snprintf(cmd, sizeof(cmd), "rm -rf -- '%s'", base);
+	rc = system(cmd);
+	(void)rc;
+	return sattr_t_report();
+}

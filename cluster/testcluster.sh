@@ -163,7 +163,7 @@ node_wait_s = 20
 EOF
 
     cat > "$BASE/etc/plugstack.conf" <<EOF
-optional $REPO/spank/build/slurm_attr.so evidence_root=$BASE/evidence probe_lib=$REPO/spank/build/libnccl-profiler-sattr.so
+optional $BASE/lib/slurm_attr.so evidence_root=$BASE/evidence probe_lib=$BASE/lib/libnccl-profiler-sattr.so
 EOF
 
     cat > "$BASE/etc/slurmdbd.conf" <<EOF
@@ -227,7 +227,7 @@ EOF
 }
 
 config_hash() {
-    { cat "$CONF" "$BASE/etc/plugstack.conf" "$BASE/etc/slurmdbd.conf" "$REPO/spank/build/slurm_attr.so" 2>/dev/null || true; } | sha256sum | cut -c1-16
+    { cat "$CONF" "$BASE/etc/plugstack.conf" "$BASE/etc/slurmdbd.conf" "$BASE/lib/slurm_attr.so" 2>/dev/null || true; } | sha256sum | cut -c1-16
 }
 
 all_alive() {
@@ -320,7 +320,15 @@ up() {
     mkdir -p "$BASE"; chmod 755 "$BASE"
     install_venv
     mkdir -p "$BASE/run" "$BASE/log"
-    if [ -f "$REPO/spank/Makefile" ]; then make -s -C "$REPO/spank" all >&2 || die "building the SPANK plugin failed"; fi
+    make -s -C "$REPO/spank" all >&2 || die "building the SPANK plugin failed"
+    # Installed like `make install` would: a root-owned, world-readable place (the probe is
+    # loaded by the job's own processes, which may not be able to read the checkout).
+    mkdir -p "$BASE/lib"
+    for so in slurm_attr.so libnccl-profiler-sattr.so; do
+        if [ -f "$REPO/spank/build/$so" ] && ! cmp -s "$REPO/spank/build/$so" "$BASE/lib/$so"; then
+            install -m 0755 "$REPO/spank/build/$so" "$BASE/lib/$so.new" && mv "$BASE/lib/$so.new" "$BASE/lib/$so"
+        fi
+    done
     write_config
     if all_alive && [ "$(cat "$BASE/run/config.hash" 2>/dev/null)" = "$(config_hash)" ] && nodes_idle; then
         log "already up"

@@ -142,31 +142,51 @@ def remove_job_dir(root: str, job_id: str) -> str:
 
 
 def read_rank_map(root: str, job_id: str, node: str) -> dict[str, list[int]]:
-    """{step: [global ranks]} that ran on this node, from the plugin's root-owned file; removes it.
+    """{step: [global ranks]} that ran on this node, from the plugin's root-owned files.
 
-    Only a root-owned regular file counts: the job cannot forge where its ranks ran.
+    The plugin writes ``<job>.ranks.<step>.<nodeid>`` with lines
+    ``<step> <rank> <nodeid> <step nodelist>``; this node's files are those whose
+    nodeid-th host of the step's node list is this node. Only root-owned regular
+    files count (the job cannot forge where its ranks ran); ours are removed.
     """
-    name = f"{job_id}.ranks.{node}"
-    out: dict[str, list[int]] = {}
+    from ..slurm.hostlist import expand
+
+    out: dict[str, set[int]] = {}
+    prefix = f"{job_id}.ranks."
     try:
-        fd = safefs.open_file(root, name)
+        names = [n for n, kind in safefs.list_dir(root) if kind == "file" and n.startswith(prefix)]
     except UnsafePath:
-        return out
-    try:
-        if os.fstat(fd).st_uid != 0:
-            return out
-        data = safefs.read_fd(fd, 1 << 20).data
-    finally:
-        os.close(fd)
+        return {}
+    for name in names:
         try:
-            os.unlink(os.path.join(root, name))
-        except OSError:
-            pass
-    for line in data.decode("ascii", errors="replace").splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
-            out.setdefault(parts[0], []).append(int(parts[1]))
-    return {k: sorted(set(v)) for k, v in out.items()}
+            fd = safefs.open_file(root, name)
+        except UnsafePath:
+            continue
+        try:
+            if os.fstat(fd).st_uid != 0:
+                continue
+            data = safefs.read_fd(fd, 1 << 20).data
+        finally:
+            os.close(fd)
+        mine = False
+        for line in data.decode("ascii", errors="replace").splitlines():
+            parts = line.split()
+            if len(parts) != 4 or not (parts[0].isdigit() and parts[1].isdigit() and parts[2].isdigit()):
+                continue
+            try:
+                hosts = expand(parts[3])
+            except ValueError:
+                continue
+            nodeid = int(parts[2])
+            if nodeid < len(hosts) and hosts[nodeid] == node:
+                mine = True
+                out.setdefault(parts[0], set()).add(int(parts[1]))
+        if mine:
+            try:
+                os.unlink(os.path.join(root, name))
+            except OSError:
+                pass
+    return {k: sorted(v) for k, v in out.items()}
 
 
 def collect_node(cfg: Config, job: NodeJob) -> dict[str, Any]:

@@ -104,14 +104,19 @@ def test_rank_map_is_read_removed_and_used_by_the_bundle(cfg):
     from slurm_attr.bundle import Bundle
 
     _jobdir(cfg)
-    with open(os.path.join(cfg.paths.evidence_root, "42.ranks.n1"), "w") as f:
-        f.write("0 0\n0 1\n1 0\njunk line\n")
+    root = cfg.paths.evidence_root
+    # Step 0 on n[1-2] (nodeid 0 = n1, 1 = n2); step 1 on n2 alone (nodeid 0 = n2).
+    with open(os.path.join(root, "42.ranks.0.0"), "w") as f:
+        f.write("0 0 0 n[1-2]\n0 1 0 n[1-2]\njunk line\n")
+    with open(os.path.join(root, "42.ranks.0.1"), "w") as f:
+        f.write("0 2 1 n[1-2]\n0 3 1 n[1-2]\n")
+    with open(os.path.join(root, "42.ranks.1.0"), "w") as f:
+        f.write("1 0 0 n2\n")
     doc = collect_node(cfg, NodeJob(job_id="42", node="n1", bundle_key="42"))
-    assert doc["ranks"] == {"0": [0, 1], "1": [0]}
-    assert not os.path.exists(os.path.join(cfg.paths.evidence_root, "42.ranks.n1"))
-    with open(os.path.join(cfg.paths.evidence_root, "42.ranks.n2"), "w") as f:
-        f.write("0 2\n0 3\n")
-    collect_node(cfg, NodeJob(job_id="42", node="n2", bundle_key="42"))
+    assert doc["ranks"] == {"0": [0, 1]}
+    assert not os.path.exists(os.path.join(root, "42.ranks.0.0"))
+    assert os.path.exists(os.path.join(root, "42.ranks.0.1"))  # n2's, left for n2
+    doc2 = collect_node(cfg, NodeJob(job_id="42", node="n2", bundle_key="42"))
     b = Bundle(os.path.join(cfg.paths.spool, "bundles", "42"))
     assert b.ranks() == {0: "n1", 1: "n1", 2: "n2", 3: "n2"}
     assert b.node_of_rank(3) == "n2"
@@ -119,8 +124,8 @@ def test_rank_map_is_read_removed_and_used_by_the_bundle(cfg):
 
 def test_rank_map_symlink_is_ignored(cfg, tmp_path):
     other = tmp_path / "forged"
-    other.write_text("0 0\n")
-    os.symlink(other, os.path.join(cfg.paths.evidence_root, "42.ranks.n1"))
+    other.write_text("0 0 0 n1\n")
+    os.symlink(other, os.path.join(cfg.paths.evidence_root, "42.ranks.0.0"))
     doc = collect_node(cfg, NodeJob(job_id="42", node="n1", bundle_key="42"))
     assert doc["ranks"] == {}
     assert other.exists()

@@ -79,8 +79,12 @@ def write(slurm: SlurmAccess, store: Store, job_id: str, give_up_after: int = 50
 def retry_pending(slurm: SlurmAccess, store: Store, give_up_after: int = 50) -> tuple[int, int]:
     """Retry every queued comment; (written, still pending)."""
     ok = bad = 0
-    for row in list(store.pending_comments()):
-        done, _ = write(slurm, store, row["job_id"], give_up_after)
+    rows = list(store.pending_comments())
+    for i, row in enumerate(rows):
+        done, err = write(slurm, store, row["job_id"], give_up_after)
         ok += done
         bad += not done
+        if not done and "no record" not in err:
+            # Accounting is down: every other write would wait out its timeout too.
+            return ok, len(rows) - ok
     return ok, bad

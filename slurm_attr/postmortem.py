@@ -92,6 +92,8 @@ def _write_comment_with_retries(cfg: Config, slurm: SlurmAccess, store: Store, j
         if ok:
             return
         log.info("job %s: comment not written yet (%s)", job_id, err)
+        if "no record" not in err:
+            return  # accounting is down, not lagging: the queue retries later
         time.sleep(delay)
         delay = min(delay * 2, 4.0)
 

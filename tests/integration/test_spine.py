@@ -130,3 +130,40 @@ def test_node_epilog_survives_hostile_job_dir(cluster, sabotage):
             assert b"root:" not in path.read_bytes()[:100000] or path.name == "slurm.log"
     assert not (cluster.base / "evidence" / job).exists()
     assert v["cause"] in ("user_error", "unknown")
+
+
+def _pid(cluster, name):
+    for line in (cluster.base / "run" / "started.pids").read_text().splitlines():
+        n, _, pid = line.partition(" ")
+        if n == name:
+            return int(pid)
+    raise AssertionError(f"{name} not started by the test cluster")
+
+
+def test_accounting_down_verdict_stored_comment_queued_then_written(cluster):
+    import signal
+
+    dbd = _pid(cluster, "slurmdbd")
+    job = cluster.sbatch("#!/bin/bash\n#SBATCH -N1\nexit 4\n", user="sattrtest")
+    cluster.wait_state(job)
+    os.kill(dbd, signal.SIGSTOP)  # accounting stops answering (not a clean shutdown)
+    try:
+        env = dict(cluster.env, SLURM_JOB_ID=job)
+        py = str(cluster.base / "venv" / "bin" / "python")
+        # Re-run the analysis while accounting hangs: the verdict must still be stored.
+        con = sqlite3.connect(str(cluster.db_path))
+        cluster.verdict(job)
+        con.execute("delete from comments where job_id = ?", [job])
+        con.commit()
+        cluster.run([py, "-m", "slurm_attr.hooks", "analyze", job], env=env, timeout=300)
+        row = con.execute("select status, attempts from comments where job_id = ?", [job]).fetchone()
+        assert row is not None and row[0] == "pending" and row[1] >= 1, row
+        assert cluster.verdict(job)["cause"] == "user_error"
+        out = cluster.sattr(job).stdout
+        assert "Job comment: pending" in out
+    finally:
+        os.kill(dbd, signal.SIGCONT)
+    proc = cluster.sattr("comments", "--retry")
+    assert proc.returncode == 0, proc.stderr
+    assert "SATTR1: user_error" in cluster.comment(job)
+    assert con.execute("select status from comments where job_id = ?", [job]).fetchone()[0] == "written"

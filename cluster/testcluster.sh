@@ -144,29 +144,33 @@ EOF
         chmod 755 "$BASE/hooks/$hook.new"; mv "$BASE/hooks/$hook.new" "$BASE/hooks/$hook"
     done
 
-    cat > "$BASE/etc/slurm_attr.toml" <<EOF
+    cat > "$BASE/etc/slurm_attr.toml.new" <<EOF
 [paths]
 evidence_root = "$BASE/evidence"
 spool = "$BASE/attr/spool"
 database = "$BASE/attr/sattr.db"
 slurm_conf = "$CONF"
 slurm_bin = "/usr/bin"
+comment_tool = "$BASE/lib/sattr-comment"
 
 [collect]
 kernel_source = "file"
 kernel_file = "$BASE/kernel/%n.log"
 scheduler_logs = "$BASE/log/slurmctld.log,$BASE/log/slurmd-*.log"
+# Tests inject kernel lines seconds apart on the same pretend nodes: a small slack keeps
+# one test's Xid out of the next job's window (sites keep the 120 s default).
+window_slack_s = 2
 time_budget_s = 20
 
 [analysis]
 node_wait_s = 20
 EOF
 
-    cat > "$BASE/etc/plugstack.conf" <<EOF
+    cat > "$BASE/etc/plugstack.conf.new" <<EOF
 optional $BASE/lib/slurm_attr.so evidence_root=$BASE/evidence probe_lib=$BASE/lib/libnccl-profiler-sattr.so
 EOF
 
-    cat > "$BASE/etc/slurmdbd.conf" <<EOF
+    cat > "$BASE/etc/slurmdbd.conf.new" <<EOF
 AuthType=auth/munge
 DbdHost=localhost
 DbdAddr=127.0.0.1
@@ -181,9 +185,9 @@ StorageUser=slurm
 StoragePass=sattr-test
 StorageLoc=slurm_acct_db
 EOF
-    chmod 600 "$BASE/etc/slurmdbd.conf"
+    chmod 600 "$BASE/etc/slurmdbd.conf.new"
 
-    cat > "$CONF" <<EOF
+    cat > "$CONF.new" <<EOF
 ClusterName=sattrtest
 SlurmctldHost=$host(127.0.0.1)
 SlurmUser=root
@@ -224,6 +228,10 @@ PrologEpilogTimeout=60
 NodeName=n[1-4] NodeHostname=$host NodeAddr=127.0.0.1 Port=[17001-17004] CPUs=2 RealMemory=1000 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
+    # Renamed into place: a concurrent reader (a test, a daemon) never sees a half-written file.
+    for f in "$BASE/etc/slurm_attr.toml" "$BASE/etc/plugstack.conf" "$BASE/etc/slurmdbd.conf" "$CONF"; do
+        if cmp -s "$f.new" "$f"; then rm -f "$f.new"; else mv "$f.new" "$f"; fi
+    done
 }
 
 config_hash() {
@@ -324,7 +332,7 @@ up() {
     # Installed like `make install` would: a root-owned, world-readable place (the probe is
     # loaded by the job's own processes, which may not be able to read the checkout).
     mkdir -p "$BASE/lib"
-    for so in slurm_attr.so libnccl-profiler-sattr.so; do
+    for so in slurm_attr.so libnccl-profiler-sattr.so sattr-comment; do
         if [ -f "$REPO/spank/build/$so" ] && ! cmp -s "$REPO/spank/build/$so" "$BASE/lib/$so"; then
             install -m 0755 "$REPO/spank/build/$so" "$BASE/lib/$so.new" && mv "$BASE/lib/$so.new" "$BASE/lib/$so"
         fi
@@ -343,9 +351,12 @@ up() {
     log "up: $(SLURM_CONF=$CONF sinfo -h -o '%D nodes %T')"
 }
 
+# One `up`/`down` at a time (tests and helpers may call `up` concurrently).
+mkdir -p "$BASE"
+exec 9>"$BASE/.lock"
 case ${1:-up} in
-    up) up ;;
-    down) stop; log "down" ;;
+    up) flock 9; up ;;
+    down) flock 9; stop; log "down" ;;
     status) all_alive && echo "up" || echo "down"; SLURM_CONF=$CONF sinfo -N -o '%N %T %E' 2>/dev/null || true ;;
     env) echo "export SLURM_CONF=$CONF SLURM_ATTR_CONFIG=$BASE/etc/slurm_attr.toml SATTR_CLUSTER_BASE=$BASE SATTR_BIN=$VENV/bin/sattr" ;;
     *) die "usage: $0 up|down|status|env" ;;

@@ -38,6 +38,9 @@ class Paths:
     # EpilogSlurmctld gets neither PATH nor SLURM_CONF: the entry scripts use these.
     slurm_conf: str = "/etc/slurm/slurm.conf"
     slurm_bin: str = "/usr/bin"
+    # Writes a finished job's comment through the accounting API (`make -C spank install`).
+    # Without it sacctmgr is used, which lowercases the whole comment on Slurm 22.05.
+    comment_tool: str = "/usr/libexec/slurm-attr/sattr-comment"
 
 
 @dataclass
@@ -93,8 +96,11 @@ class Drain:
     # Circuit breaker: at most max_drains automatic drains per window_s ...
     max_drains: int = 5
     window_s: int = 3600
-    # ... and at most this share (percent) of a partition's nodes drained by us.
+    # ... and at most this share (percent) of a partition's nodes drained by us (always at
+    # least one node per partition). Tripped, it stays alert-only until `sattr breaker reset`.
     max_partition_percent: float = 10.0
+    # The node epilog drains its own node on fatal kernel evidence before the node goes idle.
+    fast_path: bool = True
 
 
 @dataclass
@@ -163,6 +169,8 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("[collect] time_budget_s: must be positive")
     if not 0 <= cfg.drain.max_partition_percent <= 100:
         raise ConfigError("[drain] max_partition_percent: must be between 0 and 100")
+    if cfg.drain.max_drains < 0 or cfg.drain.window_s <= 0:
+        raise ConfigError("[drain] max_drains must be >= 0 and window_s > 0")
 
 
 def config_path() -> str:

@@ -84,14 +84,14 @@ def _fast_path(cfg: Any, job_id: str, node: str, key: str) -> None:
 
 def controller_main(env: dict[str, str]) -> int:
     from .collect import controller
-    from .slurm import default_backend
+    from .slurm import from_config
 
     job_id = env.get("SLURM_JOB_ID", "")
     if not spool.valid_job_id(job_id):
         log.error("controller epilog: bad SLURM_JOB_ID %r", job_id)
         return 0
     cfg = config_mod.load()
-    slurm = default_backend(cfg.paths.slurm_bin, cfg.paths.slurm_conf, timeout=10)
+    slurm = from_config(cfg, timeout=10)
     job = controller.fetch_job(slurm, job_id)
     if job is None:
         job = {"job_id": job_id, "slurm_job_id": job_id, "nodes": _nodes_from_env(env)}
@@ -139,14 +139,14 @@ def _on_alarm(signum: int, frame: object) -> None:
 
 def analyze_main(key: str) -> int:
     from .postmortem import finish_job
-    from .slurm import default_backend
+    from .slurm import from_config
     from .store import Store
 
     cfg = config_mod.load()
     # A hard stop: a wedged accounting call must not leave analysers piling up.
     signal.signal(signal.SIGALRM, _on_alarm)
     signal.alarm(max(1, int(cfg.analysis.timeout_s)))
-    slurm = default_backend(cfg.paths.slurm_bin, cfg.paths.slurm_conf, timeout=10)
+    slurm = from_config(cfg, timeout=10)
     store = Store(cfg.paths.database)
     finish_job(cfg, slurm, store, spool.bundle_dir(cfg.paths.spool, key))
     return 0

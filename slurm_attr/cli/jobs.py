@@ -9,7 +9,7 @@ from .. import comment as comment_mod
 from .. import drain, render
 from ..analysis import run_bundle
 from ..bundle import Bundle
-from ..slurm import default_backend
+from ..slurm import from_config
 from ..store import Store
 from . import main
 from .options import echo_json, handle_errors, json_option, load_config, use_color
@@ -78,7 +78,7 @@ def comments(ctx: click.Context, retry: bool, as_json: bool) -> None:
     cfg = load_config(ctx)
     store = Store(cfg.paths.database)
     if retry:
-        slurm = default_backend(cfg.paths.slurm_bin, cfg.paths.slurm_conf)
+        slurm = from_config(cfg)
         ok, bad = comment_mod.retry_pending(slurm, store, cfg.comment.max_attempts)
         click.echo(f"{ok} written, {bad} still pending", err=True)
     rows = [dict(r) for r in store.db.query("select * from comments where status != 'written' order by updated_at")]

@@ -33,9 +33,16 @@ class SlurmAccess(Protocol):
     def reboot(self, node: str, reason: str, nextstate: str = "DOWN") -> None: ...
 
 
-def default_backend(slurm_bin: str, slurm_conf: str, timeout: float = 15.0) -> "SlurmAccess":
+def default_backend(slurm_bin: str, slurm_conf: str, timeout: float = 15.0,
+                    comment_tool: str = "") -> "SlurmAccess":
     """The CLI backend. pyslurm exists on PyPI only for Slurm 25.11; it is not used
     unless it imports and reports the same major.minor as the running Slurm."""
     from .cli import CliSlurm
 
-    return CliSlurm(slurm_bin=slurm_bin, slurm_conf=slurm_conf, timeout=timeout)
+    return CliSlurm(slurm_bin=slurm_bin, slurm_conf=slurm_conf, timeout=timeout, comment_tool=comment_tool)
+
+
+def from_config(cfg: "object", timeout: float = 15.0) -> "SlurmAccess":
+    """The backend a config describes (paths to the Slurm tools and the comment writer)."""
+    paths = cfg.paths  # type: ignore[attr-defined]
+    return default_backend(paths.slurm_bin, paths.slurm_conf, timeout=timeout, comment_tool=paths.comment_tool)

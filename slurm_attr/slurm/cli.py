@@ -43,10 +43,13 @@ def parse_oneliner(line: str) -> dict[str, str]:
 
 
 class CliSlurm:
-    def __init__(self, slurm_bin: str = "/usr/bin", slurm_conf: str = "", timeout: float = 15.0):
+    def __init__(self, slurm_bin: str = "/usr/bin", slurm_conf: str = "", timeout: float = 15.0,
+                 comment_tool: str = ""):
         self.slurm_bin = slurm_bin
         self.slurm_conf = slurm_conf
         self.timeout = timeout
+        self.comment_tool = comment_tool
+        self._cluster: str | None = None
 
     # -- plumbing ---------------------------------------------------------------
     def _env(self) -> dict[str, str]:
@@ -106,10 +109,43 @@ class CliSlurm:
                 return comment
         return None
 
+    def cluster_name(self) -> str:
+        if self._cluster is None:
+            out = self.run("scontrol", "show", "config")
+            m = re.search(r"^ClusterName\s*=\s*(\S+)", out, re.MULTILINE)
+            if not m:
+                raise SlurmError("scontrol show config: no ClusterName")
+            self._cluster = m.group(1)
+        return self._cluster
+
     def set_job_comment(self, job_id: str, field: str, text: str) -> None:
-        out = self.run("sacctmgr", "-i", "modify", "job", "where", f"jobid={job_id}", "set", f"{field}={text}")
+        if self.comment_tool and os.access(self.comment_tool, os.X_OK):
+            self._set_comment_api(job_id, field, text)
+            return
+        # Fallback: sacctmgr lowercases the value on 22.05 (quoted or not). The quotes
+        # are sacctmgr's own syntax (no shell here); comment.py keeps quotes out of the text.
+        out = self.run("sacctmgr", "-i", "modify", "job", "where", f"jobid={job_id}", "set",
+                       f'{field}="{text}"')
         if "Nothing modified" in out or "Nothing to modify" in out:
             raise SlurmUnavailable(f"accounting has no record of job {job_id} yet")
+
+    def _set_comment_api(self, job_id: str, field: str, text: str) -> None:
+        cmd = [self.comment_tool, self.cluster_name(), job_id.split("_")[0], field]
+        try:
+            proc = subprocess.run(cmd, input=text, capture_output=True, text=True, timeout=self.timeout,
+                                  env=self._env())
+        except subprocess.TimeoutExpired as err:
+            raise SlurmUnavailable(f"sattr-comment timed out after {self.timeout:.0f}s") from err
+        except OSError as err:
+            raise SlurmError(f"cannot run {cmd[0]}: {err.strerror}") from err
+        msg = (proc.stderr or "").strip()
+        if proc.returncode == 4:
+            raise SlurmUnavailable(f"accounting has no record of job {job_id} yet")
+        if proc.returncode == 3:
+            raise SlurmUnavailable(f"sattr-comment: {msg}", stderr=msg, returncode=3)
+        if proc.returncode != 0:
+            raise SlurmError(f"sattr-comment: {msg or 'exit ' + str(proc.returncode)}", stderr=msg,
+                             returncode=proc.returncode)
 
     # -- nodes ----------------------------------------------------------------------
     def show_node(self, node: str) -> dict[str, str] | None:

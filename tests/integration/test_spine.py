@@ -14,7 +14,7 @@ pytestmark = pytest.mark.cluster
 @pytest.fixture(scope="module")
 def timeout_job(cluster):
     # Submitted first: Slurm enforces time limits only every ~30 s, so this one takes longest.
-    job = cluster.sbatch("#!/bin/bash\n#SBATCH -N2 -t 0:05\nsrun -l sleep 300\n", "--comment=keep me please",
+    job = cluster.sbatch("#!/bin/bash\n#SBATCH -N2 -t 0:05\nsrun -l sleep 300\n", "--comment=Keep ME please",
                          user="sattrtest")
     return job
 
@@ -49,7 +49,7 @@ def test_time_limit_job_keeps_users_comment(cluster, timeout_job):
     v = cluster.verdict(job)
     assert v["cause"] == "time_limit", v
     comment = cluster.comment(job)
-    assert comment.startswith("keep me please"), comment
+    assert comment.startswith("Keep ME please"), comment
     assert "SATTR1: time_limit" in comment
     assert comment.count("SATTR1:") == 1
     proc = cluster.sattr(job, "--json")
@@ -58,16 +58,16 @@ def test_time_limit_job_keeps_users_comment(cluster, timeout_job):
 
 
 def test_reanalysis_replaces_our_part_only(cluster):
-    job = cluster.sbatch("#!/bin/bash\n#SBATCH -N1\nexit 2\n", "--comment=user text", user="sattrtest")
+    job = cluster.sbatch("#!/bin/bash\n#SBATCH -N1\nexit 2\n", "--comment=User Text", user="sattrtest")
     cluster.wait_state(job)
     first = cluster.comment(job)
-    assert first.startswith("user text") and first.count("SATTR1:") == 1
+    assert first.startswith("User Text") and first.count("SATTR1:") == 1
     # Analyse the same bundle again through the real hook entry point.
     env = dict(cluster.env, SLURM_JOB_ID=job)
     py = str(cluster.base / "venv" / "bin" / "python")
     cluster.run([py, "-m", "slurm_attr.hooks", "analyze", job], env=env)
     second = cluster.comment(job)
-    assert second.startswith("user text") and second.count("SATTR1:") == 1
+    assert second.startswith("User Text") and second.count("SATTR1:") == 1
 
 
 def test_cancelled_job(cluster):

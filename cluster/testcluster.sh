@@ -92,7 +92,7 @@ start_munge() {
     mkdir -p /run/munge /var/log/munge /var/lib/munge
     chown munge:munge /etc/munge/munge.key /run/munge /var/log/munge /var/lib/munge
     chmod 0400 /etc/munge/munge.key; chmod 755 /run/munge
-    runuser -u munge -- /usr/sbin/munged
+    runuser -u munge -- /usr/sbin/munged 9>&-
     local pid; pid=$(cat /run/munge/munged.pid)
     echo "munged $pid" >> "$PIDS"
     for _ in $(seq 50); do munge -n | unmunge >/dev/null 2>&1 && return 0; sleep 0.1; done
@@ -108,7 +108,7 @@ start_mariadb() {
     fi
     setsid mariadbd --no-defaults --user=root --datadir="$data" --socket="$sock" --port=$DBPORT \
         --bind-address=127.0.0.1 --pid-file="$BASE/run/mariadbd.pid" --log-error="$BASE/log/mariadbd.err" \
-        --innodb-buffer-pool-size=64M --innodb-log-file-size=16M --skip-name-resolve </dev/null >/dev/null 2>&1 &
+        --innodb-buffer-pool-size=64M --innodb-log-file-size=16M --skip-name-resolve </dev/null >/dev/null 2>&1 9>&- &
     for _ in $(seq 100); do [ -S "$sock" ] && mariadb --no-defaults -S "$sock" -e 'select 1' >/dev/null 2>&1 && break; sleep 0.1; done
     [ -s "$BASE/run/mariadbd.pid" ] || die "mariadbd did not start (see $BASE/log/mariadbd.err)"
     echo "mariadbd $(cat "$BASE/run/mariadbd.pid")" >> "$PIDS"
@@ -282,17 +282,17 @@ start() {
     start_munge
     start_mariadb
     export SLURM_CONF=$CONF
-    slurmdbd
+    slurmdbd 9>&-
     for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/6819) 2>/dev/null && break; sleep 0.1; done
     echo "slurmdbd $(cat "$BASE/run/slurmdbd.pid")" >> "$PIDS"
     # State (job ids, drain reasons) survives restarts; job ids must keep growing because
     # slurmdbd remembers every earlier job. Leftover drains are resumed below.
-    slurmctld -f "$CONF"
+    slurmctld -f "$CONF" 9>&-
     for _ in $(seq 100); do scontrol ping 2>/dev/null | grep -q UP && break; sleep 0.1; done
     echo "slurmctld $(cat "$BASE/run/slurmctld.pid")" >> "$PIDS"
     for n in "${NODES[@]}"; do
         rm -f "$BASE/run/slurmd-$n.pid"
-        slurmd -f "$CONF" -N "$n"
+        slurmd -f "$CONF" -N "$n" 9>&-
     done
     for n in "${NODES[@]}"; do
         # slurmd writes its pid file a moment after daemonizing.
@@ -351,7 +351,8 @@ up() {
     log "up: $(SLURM_CONF=$CONF sinfo -h -o '%D nodes %T')"
 }
 
-# One `up`/`down` at a time (tests and helpers may call `up` concurrently).
+# One `up`/`down` at a time (tests and helpers may call `up` concurrently). The daemons
+# are started with fd 9 closed, or they would hold the lock for their whole life.
 mkdir -p "$BASE"
 exec 9>"$BASE/.lock"
 case ${1:-up} in

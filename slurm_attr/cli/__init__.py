@@ -37,4 +37,4 @@ def main(ctx: click.Context, config_path: str | None) -> None:
 
 
 # Command modules register themselves on import.
-from . import jobs  # noqa: E402,F401
+from . import fr, jobs, ops, rules  # noqa: E402,F401

@@ -1,0 +1,134 @@
+"""Xid lookup by number: the data table xid.tsv turned into symptoms gpu.xid_<n>.
+
+The regex rule gpu.xid finds the line; this refiner decides what the number
+means. Special cases the table cannot carry alone:
+- NVLink5 Xids 144-150 say Fatal or Nonfatal in the line: Nonfatal is context.
+- Xid 45 names the Xid that caused it on newer drivers: kept as ``prev_xid``.
+- Xid 154 carries the recovery action in its text: that becomes the action.
+- Xid 13 coordinates (GPC/TPC/SM) are kept: recurrence on the same unit matters.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import resources
+from typing import Mapping, Optional
+
+from slurm_attr.errors import RuleError
+from slurm_attr.model import ACTION_KINDS, CAUSES, ROLES, Symptom
+from slurm_attr.rules.pyrule import DocTable
+
+
+@dataclass(frozen=True)
+class XidRow:
+    xid: int
+    name: str
+    cause: str
+    role: str
+    action: str
+    priority: int
+    bucket: str
+    meaning: str
+
+
+def _load_table() -> dict[int, XidRow]:
+    text = resources.files("slurm_attr.rulebook").joinpath("xid.tsv").read_text("utf-8")
+    table: dict[int, XidRow] = {}
+    for no, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        cols = line.split("\t")
+        if len(cols) != 8:
+            raise RuleError(f"rules/xid.tsv:{no}: expected 8 tab-separated columns, got {len(cols)}")
+        try:
+            row = XidRow(int(cols[0]), cols[1], cols[2], cols[3], cols[4], int(cols[5]), cols[6], cols[7])
+        except ValueError as err:
+            raise RuleError(f"rules/xid.tsv:{no}: {err}") from err
+        if row.cause not in CAUSES or row.role not in ROLES or row.action not in ACTION_KINDS:
+            raise RuleError(f"rules/xid.tsv:{no}: bad cause, role or action")
+        if row.xid in table:
+            raise RuleError(f"rules/xid.tsv:{no}: Xid {row.xid} listed twice")
+        if row.action != "none" and row.cause not in ("gpu_hardware", "nvlink"):
+            raise RuleError(f"rules/xid.tsv:{no}: only hardware Xids may carry an action")
+        table[row.xid] = row
+    # Decisions the research pins and tests rely on: never let an edit undo them silently.
+    for xid in (43, 63, 92):
+        if table[xid].action != "none":
+            raise RuleError(f"rules/xid.tsv: Xid {xid} must never drain")
+    if table[45].role != "cascade":
+        raise RuleError("rules/xid.tsv: Xid 45 is always a cascade")
+    return table
+
+
+TABLE = _load_table()
+
+_NVLINK5 = re.compile(
+    r"(?:(?P<unit>[A-Z][A-Z0-9_]+)\s+)?(?P<severity>Fatal|Nonfatal)\s+(?P<xc>\w+)\s+(?P<inj>\w+)\s+Link\s+(?P<link>-?\d+)"
+    r"\s+\((?P<intr>0x[0-9a-fA-F]+)\s+(?P<status>0x[0-9a-fA-F]+)"
+)
+_PREVIOUS = re.compile(r"previous\D{0,40}?\b(\d{1,3})\b", re.I)
+_RECOVERY = re.compile(r"to 0x[0-9a-fA-F]+ \((?P<what>[^)]*)\)")
+_GPC = re.compile(r"GPC (?P<gpc>\d+), TPC (?P<tpc>\d+)(?:, SM (?P<sm>\d+))?")
+_RECOVERY_ACTIONS = {
+    "none": "none",
+    "gpu reset required": "reset",
+    "node reboot required": "reboot",
+    "drain p2p": "drain",
+    "drain and reset": "reset",
+}
+
+
+def refine_xid(sym: Symptom, groups: Mapping[str, str]) -> Optional[Symptom]:
+    """Give an Xid line its table meaning: id gpu.xid_<n>, cause, role, action, priority."""
+    xid = sym.fields.get("xid")
+    if not isinstance(xid, int):
+        return None
+    text = str(sym.fields.get("text", ""))
+    row = TABLE.get(xid)
+    if row is None:
+        sym.id, sym.cause, sym.role, sym.action, sym.priority = "gpu.xid_other", "gpu_hardware", "root", "none", 70
+        sym.summary = f"Xid {xid} (not in the pinned Xid catalog) on GPU {{gpu}}"
+        return sym
+    sym.id, sym.cause, sym.role, sym.action, sym.priority = f"gpu.xid_{xid}", row.cause, row.role, row.action, row.priority
+    sym.fields["xid_name"] = row.name
+    sym.summary = f"Xid {xid} on GPU {{gpu}}: {row.meaning.split(':')[0].split(';')[0]}"
+    if 144 <= xid <= 150:
+        m = _NVLINK5.search(text)
+        if m:
+            sym.fields.update(unit=m.group("unit") or "", severity=m.group("severity"), link=int(m.group("link")),
+                              intr_info=m.group("intr"), error_status=m.group("status"))
+            if m.group("severity") == "Nonfatal" or xid == 147:
+                sym.role, sym.action = "context", "none"
+    elif xid == 45:
+        m = _PREVIOUS.search(text)
+        if m:
+            sym.fields["prev_xid"] = int(m.group(1))
+    elif xid == 154:
+        m = _RECOVERY.search(text)
+        what = m.group("what").strip().lower() if m else ""
+        sym.action = _RECOVERY_ACTIONS.get(what, "none")
+        if sym.action == "none":
+            sym.role = "context"
+    elif xid == 13:
+        m = _GPC.search(text)
+        if m:
+            sym.fields.update({k: int(v) for k, v in m.groupdict().items() if v is not None})
+    return sym
+
+
+REFINERS = {"xid": refine_xid}
+
+DOC_TABLES = [
+    DocTable(
+        title="Xid catalog (rules/xid.tsv)",
+        intro=(
+            "Every `NVRM: Xid` line found by `gpu.xid` becomes symptom `gpu.xid_<n>` with this row's cause, role, "
+            "action and priority (Xids not listed: `gpu.xid_other`, gpu_hardware, no action). NVLink5 144-150 lines "
+            "with the `Nonfatal` token are context; Xid 154 takes its action from its text; Xid 13/31 become "
+            "gpu_hardware only when they recur on the same GPU (see `gpu.xid_recurrent`)."
+        ),
+        header=("Xid", "id", "cause", "role", "action", "priority", "NVIDIA bucket", "meaning"),
+        rows=[(str(r.xid), f"gpu.xid_{r.xid}", r.cause, r.role, r.action, str(r.priority), r.bucket, r.meaning)
+              for r in sorted(TABLE.values(), key=lambda r: r.xid)],
+    )
+]

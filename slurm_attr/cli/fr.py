@@ -1,0 +1,144 @@
+"""`sattr fr` (the divergence matrix in a terminal) and `sattr report --html` (one HTML file)."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import click
+
+from .. import flightrec
+from ..config import Config
+from ..errors import NotFound
+from ..flightrec.html import render_html
+from ..flightrec.matrix import build_matrix, render_text
+from . import main
+from .options import echo_json, handle_errors, json_option, load_config, use_color
+
+
+def resolve(ref: str, cfg: Config) -> str:
+    """A job's bundle directory: REF itself when it is a directory, else <spool>/bundles/REF."""
+    if os.path.isdir(ref):
+        return ref
+    path = os.path.join(cfg.paths.spool, "bundles", ref)
+    if not os.path.isdir(path):
+        raise NotFound(f"no bundle for job {ref} (looked in {path}); pass a bundle or dump directory instead")
+    return path
+
+
+def _matrix_dict(m: flightrec.Matrix) -> dict[str, Any]:
+    return {
+        "legend": m.legend,
+        "hidden_groups": m.hidden_groups,
+        "panels": [
+            {
+                "pg": p.pg, "label": p.label, "members": p.members, "role": p.role, "title": p.title,
+                "seqs": p.seqs, "divergent_seq": p.divergent_seq,
+                "rows": [{"ranks": r.ranks, "culprit": r.culprit, "note": r.note,
+                          "cells": ["".join((c.sym, "!" if c.culprit else "")) for c in r.cells]} for r in p.rows],
+            }
+            for p in m.panels
+        ],
+    }
+
+
+@main.command("fr")
+@click.argument("ref")
+@click.option("--all", "all_groups", is_flag=True, help="Also show process groups without findings.")
+@click.option("--before", default=8, show_default=True, help="Columns shown before the first divergence.")
+@click.option("--after", default=3, show_default=True, help="Columns shown after it.")
+@click.option("--full-history", is_flag=True, help="Compare every entry of every dump (slower on large jobs).")
+@json_option
+@click.pass_context
+@handle_errors
+def fr_command(ctx: click.Context, ref: str, all_groups: bool, before: int, after: int, full_history: bool, as_json: bool) -> None:
+    """Flight Recorder divergence matrix of a job: which rank broke which collective.
+
+    REF is a job id (its bundle under the spool) or a directory: a bundle, or
+    a directory of dumps as torch wrote them. Rows are ranks grouped by
+    process group, columns collective sequence numbers, letters signatures
+    (see the legend); the first divergent column is marked.
+
+    Example:
+
+        sattr fr 1234
+
+        sattr fr /var/tmp/fr_dumps --all
+    """
+    cfg = load_config(ctx)
+    path = resolve(ref, cfg)
+    rep = flightrec.inspect(path, cfg, tail_entries=None if full_history else flightrec.loader.DEFAULT_TAIL_ENTRIES)
+    m = build_matrix(rep.dumps, rep.analysis, all_groups=all_groups, before=before, after=after)
+    if as_json:
+        echo_json({
+            "source": path,
+            "symptoms": [s.to_dict() for s in rep.symptoms],
+            "coverage": [c.to_dict() for c in rep.coverage],
+            "matrix": _matrix_dict(m),
+            "seconds": round(rep.seconds, 3),
+        })
+        return
+    color = use_color()
+    for s in rep.symptoms:
+        mark = "root" if s.role == "root" else "downstream"
+        line = f"[{mark}] {s.summary}"
+        click.echo(click.style(line, fg="red", bold=True) if color and s.role == "root" else line)
+        fd = s.fields.get("first_differing_frame")
+        if s.role == "root" and fd:
+            click.echo(f"        first differing frame: {fd.get('culprit')}  (others: {fd.get('majority')})")
+    if rep.symptoms:
+        click.echo("")
+    click.echo(render_text(m, color=color), nl=False)
+    bad = [c for c in rep.coverage if c.status != "ok"]
+    for c in bad:
+        click.echo(f"coverage: {c.status}: {c.node or '-'}: {c.detail}")
+
+
+def _verdict(path: str, cfg: Config) -> tuple[dict[str, Any] | None, str]:
+    """The full verdict when the analysis pipeline is there (slurm_attr.analysis.run_bundle).
+
+    Returns (verdict dict or None, why not): the FR part of the report stands on
+    its own, so a missing or failing pipeline only leaves the verdict out.
+    """
+    try:
+        from ..analysis import run_bundle
+    except ImportError:
+        return None, "the analysis pipeline is not installed"
+    try:
+        verdict = run_bundle(path, cfg)
+    except ImportError as err:
+        return None, f"the analysis pipeline is incomplete: {err}"
+    except Exception as err:  # the report must still show the FR findings
+        return None, f"the verdict could not be computed: {type(err).__name__}: {err}"
+    if hasattr(verdict, "to_dict"):
+        return verdict.to_dict(), ""
+    if dataclasses.is_dataclass(verdict):
+        return dataclasses.asdict(verdict), ""
+    return (verdict, "") if isinstance(verdict, dict) else (None, "the verdict has an unknown form")
+
+
+@main.command("report")
+@click.argument("ref")
+@click.option("--html", "html_path", required=True, type=click.Path(dir_okay=False, writable=True), help="Write the report to this file.")
+@click.option("--all", "all_groups", is_flag=True, help="Also show process groups without findings.")
+@click.pass_context
+@handle_errors
+def report_command(ctx: click.Context, ref: str, html_path: str, all_groups: bool) -> None:
+    """Write one self-contained HTML report of a job: verdict, FR findings, divergence matrix.
+
+    Example:
+
+        sattr report 1234 --html job1234.html
+    """
+    cfg = load_config(ctx)
+    path = resolve(ref, cfg)
+    rep = flightrec.inspect(path, cfg)
+    m = build_matrix(rep.dumps, rep.analysis, all_groups=all_groups)
+    verdict, why = None, "not a bundle (no job.json, no nodes/): Flight Recorder findings only"
+    if os.path.isdir(os.path.join(path, "nodes")) or os.path.isfile(os.path.join(path, "job.json")):
+        verdict, why = _verdict(path, cfg)
+    title = f"slurm-attr report: {verdict['job_id'] if verdict else os.path.basename(os.path.abspath(path))}"
+    page = render_html(m, rep.symptoms, rep.coverage, title=title, verdict=verdict, note=why if verdict is None else "")
+    with open(html_path, "w", encoding="utf-8") as f:
+        f.write(page)
+    click.echo(f"wrote {html_path}")

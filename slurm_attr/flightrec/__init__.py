@@ -1,0 +1,89 @@
+"""PyTorch Flight Recorder analysis: which rank broke which collective, with evidence.
+
+Layout (one module per thing it owns):
+
+- ``safepickle``  restricted unpickler; head+tail reading of large dumps
+- ``trace``       validated per-rank records (signatures interned, strict rank lists)
+- ``loader``      finding dumps in a bundle, prefix detection, parallel loading
+- ``groups``      process groups and their expected members
+- ``analysis``    per-group alignment by seq id, majority vote, root vs cascade
+- ``symptoms``    findings -> Symptom / Coverage
+- ``matrix``      the rank x sequence matrix and its terminal rendering
+- ``html``        the self-contained HTML report
+
+Entry point for the verdict: ``analyze(bundle, cfg)``.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+from ..bundle import Bundle
+from ..config import Config
+from ..model import Coverage, Symptom
+from .analysis import Analysis, Finding, analyse
+from .groups import world_ranks
+from .loader import DEFAULT_TAIL_ENTRIES, DumpSet, load_dumps, reload_full
+from .matrix import Matrix, build_matrix
+from .symptoms import coverage, to_symptoms
+from .types import DumpError
+
+__all__ = [
+    "Analysis", "DumpError", "DumpSet", "Finding", "Matrix", "Report",
+    "analyze", "build_matrix", "inspect", "load_dumps",
+]
+
+
+@dataclass
+class Report:
+    """Everything one Flight Recorder analysis produced (for the CLI, the matrix and HTML)."""
+
+    dumps: DumpSet
+    analysis: Analysis
+    symptoms: list[Symptom] = field(default_factory=list)
+    coverage: list[Coverage] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _workers() -> int:
+    return max(1, min(2, os.cpu_count() or 1))
+
+
+def inspect(source: Bundle | str, cfg: Config | None = None, tail_entries: int | str | None = DEFAULT_TAIL_ENTRIES,
+            workers: int | None = None, read_stacks: bool = True) -> Report:
+    """Load every dump under ``source`` (bundle or directory) and analyse them.
+
+    Large dumps are first compared on their newest ``tail_entries`` entries; a
+    group whose first divergence sits at the start of that window is re-read
+    with its whole history before anything is concluded.
+    """
+    t0 = time.monotonic()
+    cfg = cfg or Config()
+    cap = cfg.collect.fr_file_cap_bytes
+    workers = workers or _workers()
+    deadline = t0 + max(10.0, cfg.analysis.timeout_s * 0.6)
+    ds = load_dumps(source, cap=cap, tail_entries=tail_entries, workers=workers, deadline=deadline)
+    an = analyse(ds)
+    if an.needs_history:
+        wanted = {r for r in an.needs_history if r in ds.traces and ds.traces[r].history_truncated}
+        if wanted:
+            reload_full(ds, wanted, cap=cap, workers=workers)
+            an = analyse(ds)
+    symptoms = to_symptoms(ds, an, read_stacks=read_stacks)
+    cov = coverage(ds, world_ranks(ds))
+    return Report(dumps=ds, analysis=an, symptoms=symptoms, coverage=cov, seconds=time.monotonic() - t0)
+
+
+def analyze(bundle: Bundle, cfg: Config) -> tuple[list[Symptom], list[Coverage]]:
+    """Flight Recorder symptoms and coverage for one bundle (the verdict's FR input).
+
+    Symptoms: ``fr.collective_mismatch``, ``fr.rank_stuck``, ``fr.comm_hang``
+    (roots, one per culprit rank) and ``fr.downstream_hang`` (cascade, one per
+    downstream group); all untrusted. A healthy set of dumps gives none.
+    """
+    try:
+        rep = inspect(bundle, cfg)
+    except DumpError as err:
+        return [], [Coverage(source="fr", node=None, status="error", detail=str(err)[:400])]
+    return rep.symptoms, rep.coverage

@@ -1,0 +1,432 @@
+"""Who broke the collective: matching ranks per group, majority vote, root vs cascade.
+
+Per process group, ranks are aligned by ``collective_seq_id`` over the window
+every member's buffer still holds (ring buffers wrap differently per rank). At
+each sequence number the members vote on the signature (op, sizes, dtypes); the
+minority is the culprit, never "whoever sorted first". Ties (two-rank groups)
+are broken by what the group's own history says follows the previous
+collective, then by how common each signature is. The first divergence is
+classified: a skipped collective (the culprit issued what the others issue
+next), a different op, size or dtype.
+
+A member whose last enqueued collective is below the others', while the others
+wait in the next one, never reached it. Such a rank is the root (``rank_stuck``)
+unless it is itself waiting in some other group's broken collective: then it
+is a downstream consequence. Where a rank is missing from several groups, the
+one it fails first in program order (the waiting ranks' own record order, time
+only as a tie-breaker) is reported (research §7.5).
+"""
+from __future__ import annotations
+
+import functools
+from array import array
+from collections import Counter
+from dataclasses import dataclass, field
+
+from .groups import Group, build_groups, order_key
+from .loader import DumpSet
+from .types import NO_SIG, Sig
+
+MISMATCH_KINDS = ("skip", "op", "size", "dtype", "order")
+
+
+@dataclass
+class Finding:
+    """One divergence in one group at one sequence number."""
+
+    kind: str  # skip | op | size | dtype | not_reached | hang | order
+    pg: str
+    seq: int
+    rank: int | None  # the culprit; None for a hang nobody can be blamed for
+    sig: int | None = None  # culprit's signature id at seq (None: it never got there)
+    majority_sig: int | None = None
+    majority_ranks: tuple[int, ...] = ()
+    waiting: tuple[int, ...] = ()  # ranks that reached seq and wait in it
+    ambiguous: bool = False
+    no_dump: bool = False
+    role: str = "root"  # root | cascade
+    at_window_start: bool = False
+    confidence: str = "high"
+    also: list[tuple[str, int]] = field(default_factory=list)  # other groups this root rank is missing from
+    behind: tuple[int, ...] = ()  # cascade: every rank behind in this group
+    blocked_in: dict[int, tuple[str, int]] = field(default_factory=dict)  # cascade: rank -> where it waits
+    blocked_by: tuple[int, ...] = ()  # cascade: root culprit ranks
+
+
+@dataclass
+class Analysis:
+    """The result of matching all groups of one job."""
+
+    groups: dict[str, Group]
+    roots: list[Finding] = field(default_factory=list)
+    cascades: list[Finding] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+    windows: dict[str, tuple[int, int]] = field(default_factory=dict)
+    needs_history: set[int] = field(default_factory=set)
+
+
+@dataclass
+class _Class:
+    """Members of a group with identical sequences over the compared window."""
+
+    hi: int
+    sigs: array
+    ranks: list[int]
+
+
+def _classes(ds: DumpSet, g: Group) -> tuple[int, int, list[_Class]]:
+    streams = {}
+    for r in g.members:
+        tr = ds.traces.get(r)
+        if tr is not None and g.name in tr.streams:
+            streams[r] = tr.streams[g.name]
+    if len(streams) < 2:
+        return 0, -1, []
+    lo = max(st.lo for st in streams.values())
+    hi = max(st.hi for st in streams.values())
+    by_key: dict[tuple[int, bytes], _Class] = {}
+    for r, st in streams.items():
+        if st.hi < lo:
+            continue
+        part = st.sigs[lo - st.lo :]
+        key = (st.hi, part.tobytes())
+        c = by_key.get(key)
+        if c is None:
+            c = by_key[key] = _Class(hi=st.hi, sigs=part, ranks=[])
+        c.ranks.append(r)
+    return lo, hi, sorted(by_key.values(), key=lambda c: c.ranks[0])
+
+
+def _sig_diff(a: Sig, b: Sig) -> str:
+    if a.op != b.op:
+        return "op"
+    if a.input_sizes != b.input_sizes or a.output_sizes != b.output_sizes:
+        return "size"
+    if a.input_dtypes != b.input_dtypes or a.output_dtypes != b.output_dtypes:
+        return "dtype"
+    return "op"
+
+
+def _vote(ds: DumpSet, g: Group, an: Analysis) -> list[Finding]:
+    """Majority vote per seq; a Finding for each rank at its first divergence."""
+    lo, hi, classes = _classes(ds, g)
+    if len(classes) <= 1:
+        if lo <= hi:
+            an.windows[g.name] = (lo, hi)
+        return []
+    an.windows[g.name] = (lo, hi)
+    longest = max(classes, key=lambda c: len(c.sigs))
+    if all(c.sigs == longest.sigs[: len(c.sigs)] for c in classes):
+        return []  # they differ only in how far they got: that is for _behind
+    weight = [len(c.ranks) for c in classes]
+    out_of = set()  # classes that already diverged: their later entries are shifted
+    consensus: dict[int, int] = {}
+    succ: dict[int, set[int]] = {}
+    pending: list[tuple[int, int, int, int, bool, list[int]]] = []  # (seq, class, sig, majority sig, ambiguous, majority classes)
+    freq: Counter[int] = Counter()
+    for c, w in zip(classes, weight):
+        for s in set(c.sigs):
+            freq[s] += c.sigs.count(s) * w
+    for k in range(lo, hi + 1):
+        i = k - lo
+        votes: dict[int, list[int]] = {}
+        for ci, c in enumerate(classes):
+            if ci not in out_of and i < len(c.sigs) and c.sigs[i] != NO_SIG:
+                votes.setdefault(c.sigs[i], []).append(ci)
+        if not votes:
+            continue
+        if len(votes) == 1:
+            maj = next(iter(votes))
+            ambiguous = False
+        else:
+            wsum = {s: sum(weight[ci] for ci in cis) for s, cis in votes.items()}
+            top = max(wsum.values())
+            tops = [s for s in votes if wsum[s] == top]
+            ambiguous = False
+            if len(tops) == 1:
+                maj = tops[0]
+            else:
+                prev = consensus.get(k - 1)
+                follows = succ.get(prev, set()) if prev is not None else set()
+                scored = sorted(tops, key=lambda s: (s in follows, freq[s], -min(classes[ci].ranks[0] for ci in votes[s])), reverse=True)
+                best = (scored[0] in follows, freq[scored[0]])
+                ambiguous = (scored[1] in follows, freq[scored[1]]) == best
+                maj = scored[0]
+            for s, cis in votes.items():
+                if s != maj:
+                    for ci in cis:
+                        out_of.add(ci)
+                        pending.append((k, ci, s, maj, ambiguous, votes[maj]))
+        prev = consensus.get(k - 1)
+        consensus[k] = maj
+        if prev is not None:
+            succ.setdefault(prev, set()).add(maj)
+    findings = []
+    for k, ci, s, maj, ambiguous, maj_cis in pending:
+        nxt = consensus.get(k + 1)
+        if nxt is not None:
+            skipped = s == nxt
+        else:
+            skipped = s in succ.get(maj, set()) and s != maj
+        a, b = ds.sigs.get(s), ds.sigs.get(maj)
+        kind = "skip" if skipped else (_sig_diff(a, b) if a and b else "op")
+        maj_ranks = tuple(sorted(r for c in maj_cis for r in classes[c].ranks))
+        truncated = k == lo and any(ds.traces[r].history_truncated for c in classes for r in c.ranks[:1])
+        for r in classes[ci].ranks:
+            findings.append(Finding(kind=kind, pg=g.name, seq=k, rank=r, sig=s, majority_sig=maj, majority_ranks=maj_ranks,
+                                    waiting=maj_ranks, ambiguous=ambiguous, at_window_start=truncated,
+                                    confidence="low" if ambiguous else "high"))
+    return findings
+
+
+def _waits(ds: DumpSet, g: Group, a: int, seq: int) -> int | None:
+    """a's signature at ``seq`` if a shows it waits there (pending, or its last op), else None."""
+    tr = ds.traces.get(a)
+    st = tr.streams.get(g.name) if tr else None
+    if st is None:
+        return None
+    i = st.index(seq)
+    if i is None:
+        return None
+    if st.completed[i]:
+        return None  # it finished there: a dump taken a moment apart, not a hang
+    status = g.status.get(a)
+    if st.pending[i] or tr.newest == (g.name, seq) or (status is not None and 0 <= status.last_completed < seq):
+        # pending, or (Gloo marks failed ops retired) the last thing this rank ever did
+        return st.sigs[i]
+    return None
+
+
+def _first_wait(ds: DumpSet, g: Group) -> int | None:
+    """Lowest seq at which any member waits (for a rank that shows no progress at all)."""
+    best = None
+    for r in g.members:
+        tr = ds.traces.get(r)
+        st = tr.streams.get(g.name) if tr else None
+        if st is None:
+            continue
+        for i, p in enumerate(st.pending):
+            if p and st.sigs[i] != NO_SIG:
+                seq = st.lo + i
+                best = seq if best is None else min(best, seq)
+                break
+    return best
+
+
+def _waiters(ds: DumpSet, g: Group, seq: int) -> tuple[list[int], Counter[int]]:
+    waiting, sigs = [], Counter()
+    for a in g.members:
+        if g.reach.get(a, -1) >= seq:
+            s = _waits(ds, g, a, seq)
+            if s is not None:
+                waiting.append(a)
+                sigs[s] += 1
+    return waiting, sigs
+
+
+def _behind(ds: DumpSet, g: Group) -> list[Finding]:
+    """Members that never reached a collective the others wait in."""
+    if not g.reach:
+        return []
+    top = max(g.reach.values())
+    out = []
+    for r in g.members:
+        rr = g.reach.get(r)
+        if rr is None or rr >= top:
+            continue
+        seq, confidence = rr + 1, "high"
+        waiting, sigs = _waiters(ds, g, seq)
+        if not waiting and (rr < 0 or ds.traces[r].n_entries == 0):
+            # It shows no progress on this group at all: the others' first pending op is
+            # what it did not reach (seq ids need not start at 1 in a wrapped buffer).
+            first = _first_wait(ds, g)
+            if first is not None and first > rr:
+                seq, confidence = first, "medium"
+                waiting, sigs = _waiters(ds, g, seq)
+        if not waiting:
+            continue  # nobody is stuck waiting for r: it is just slower (a healthy dump)
+        ahead = tuple(a for a in g.members if g.reach.get(a, -1) >= seq)
+        out.append(Finding(kind="not_reached", pg=g.name, seq=seq, rank=r, majority_sig=sigs.most_common(1)[0][0],
+                           majority_ranks=ahead, waiting=tuple(waiting), confidence=confidence))
+    return out
+
+
+def _strictly_pending(ds: DumpSet, g: Group, r: int, seq: int) -> bool:
+    tr = ds.traces.get(r)
+    st = tr.streams.get(g.name) if tr else None
+    i = st.index(seq) if st else None
+    if i is None:
+        return False
+    status = g.status.get(r)
+    return bool(st.pending[i]) or (status is not None and 0 <= status.last_completed < seq)
+
+
+def _hang(ds: DumpSet, g: Group) -> list[Finding]:
+    """Everyone with a dump entered the last collective and none completed it."""
+    if not g.reach:
+        return []
+    top = max(g.reach.values())
+    known = [r for r in g.members if r in g.reach]
+    if any(g.reach[r] != top for r in known) or not all(_strictly_pending(ds, g, r, top) for r in known):
+        return []
+    sigs = Counter(ds.traces[r].streams[g.name].sig(top) for r in known)
+    if len(sigs) != 1:
+        return []
+    sig = next(iter(sigs))
+    no_dump = [r for r in g.members if r not in ds.traces]
+    if no_dump:
+        return [Finding(kind="not_reached", pg=g.name, seq=top, rank=r, majority_sig=sig, majority_ranks=tuple(known),
+                        waiting=tuple(known), no_dump=True, confidence="medium") for r in no_dump]
+    return [Finding(kind="hang", pg=g.name, seq=top, rank=None, majority_sig=sig, majority_ranks=tuple(known), waiting=tuple(known))]
+
+
+def _pos(ds: DumpSet, rank: int, pg: str, seq: int) -> tuple[int | None, int]:
+    """(position in the rank's dump, time_created_ns) of its entry for (pg, seq)."""
+    tr = ds.traces.get(rank)
+    st = tr.streams.get(pg) if tr else None
+    i = st.index(seq) if st else None
+    if i is None:
+        return None, 0
+    return st.pos[i], st.times[i]
+
+
+def program_order(ds: DumpSet, a: Finding, b: Finding) -> int:
+    """<0 when a's collective comes before b's: by the shared waiting ranks' record order, then time."""
+    if a.pg == b.pg:
+        return a.seq - b.seq
+    shared = sorted(set(a.waiting) & set(b.waiting))[:64]
+    votes = 0
+    for w in shared:
+        pa, _ = _pos(ds, w, a.pg, a.seq)
+        pb, _ = _pos(ds, w, b.pg, b.seq)
+        if pa is not None and pb is not None and pa != pb:
+            votes += 1 if pa < pb else -1
+    if votes:
+        return -votes
+    ta = min((t for t in (_pos(ds, w, a.pg, a.seq)[1] for w in a.waiting[:64]) if t), default=0)
+    tb = min((t for t in (_pos(ds, w, b.pg, b.seq)[1] for w in b.waiting[:64]) if t), default=0)
+    if ta and tb and ta != tb:
+        return -1 if ta < tb else 1
+    return -1 if order_key(a.pg) < order_key(b.pg) else 1
+
+
+def analyse(ds: DumpSet) -> Analysis:
+    """Match every group, then separate root causes from downstream consequences."""
+    groups = build_groups(ds)
+    an = Analysis(groups=groups)
+    votes: list[Finding] = []
+    behind: list[Finding] = []
+    for name in sorted(groups, key=order_key):
+        g = groups[name]
+        votes.extend(_vote(ds, g, an))
+        behind.extend(_behind(ds, g))
+    for f in votes:
+        if f.at_window_start:
+            an.needs_history.update(groups[f.pg].members)
+    an.findings = votes + behind
+    _attribute(ds, an, votes, behind)
+    if not an.roots:
+        hangs = [f for name in sorted(groups, key=order_key) for f in _hang(ds, groups[name])]
+        an.findings.extend(hangs)
+        nodump = [f for f in hangs if f.no_dump]
+        if nodump:
+            an.roots.extend(nodump)
+        elif hangs:
+            hangs.sort(key=functools.cmp_to_key(lambda a, b: program_order(ds, a, b)))
+            an.roots.append(hangs[0])
+            for f in hangs[1:]:
+                f.role = "cascade"
+                f.blocked_by = ()
+                an.cascades.append(f)
+    return an
+
+
+def _attribute(ds: DumpSet, an: Analysis, votes: list[Finding], behind: list[Finding]) -> None:
+    groups = an.groups
+    by_group: dict[str, list[Finding]] = {}
+    for f in votes + behind:
+        by_group.setdefault(f.pg, []).append(f)
+
+    def blockers(r: int) -> list[Finding]:
+        """Findings other than r's own 'not reached' in which r reached the collective (so waits there)."""
+        tr = ds.traces.get(r)
+        names = set(tr.streams) | set(tr.pg_status) if tr else set()
+        out = []
+        for name in names:
+            g = groups.get(name)
+            for f in by_group.get(name, ()):
+                if f.kind == "not_reached" and f.rank == r:
+                    continue
+                if f.rank == r or (g is not None and g.reach.get(r, -1) >= f.seq):
+                    out.append(f)
+        return out
+
+    # Mismatches are roots: one per culprit rank, its earliest in its own program order.
+    first_mismatch: dict[int, Finding] = {}
+    for f in votes:
+        cur = first_mismatch.get(f.rank)
+        if cur is None or (_pos(ds, f.rank, f.pg, f.seq)[0] or 0) < (_pos(ds, f.rank, cur.pg, cur.seq)[0] or 0):
+            first_mismatch[f.rank] = f
+    an.roots.extend(first_mismatch.values())
+
+    per_rank: dict[int, list[Finding]] = {}
+    for f in behind:
+        per_rank.setdefault(f.rank, []).append(f)
+    cascades: dict[int, list[tuple[Finding, Finding]]] = {}
+    stuck_roots: list[Finding] = []
+    blocked_map: dict[int, list[Finding]] = {}
+    for r, fs in sorted(per_rank.items()):
+        fs.sort(key=functools.cmp_to_key(lambda a, b: program_order(ds, a, b)))
+        bl = blockers(r)
+        if not bl:
+            root = fs[0]
+            root.also = [(f.pg, f.seq) for f in fs[1:]]
+            stuck_roots.append(root)
+        else:
+            blocked_map[r] = bl
+            bl.sort(key=functools.cmp_to_key(lambda a, b: program_order(ds, a, b)))
+            for f in fs:
+                cascades.setdefault(r, []).append((f, bl[0]))
+    if not an.roots and not stuck_roots and blocked_map:
+        # Everyone waits on someone: ranks waiting on each other (collectives issued in a
+        # different order on different groups). Those in a cycle are the roots.
+        for r in _cycle_ranks(blocked_map):
+            f = sorted(per_rank[r], key=functools.cmp_to_key(lambda a, b: program_order(ds, a, b)))[0]
+            f.kind = "order"
+            f.confidence = "medium"
+            stuck_roots.append(f)
+            cascades.pop(r, None)
+    an.roots.extend(stuck_roots)
+    root_ranks = {f.rank for f in an.roots}
+    down: dict[str, Finding] = {}
+    for r, pairs in sorted(cascades.items()):
+        for f, blocker in pairs:
+            d = down.get(f.pg)
+            if d is None:
+                d = down[f.pg] = Finding(kind="not_reached", pg=f.pg, seq=f.seq, rank=r, majority_sig=f.majority_sig,
+                                         majority_ranks=f.majority_ranks, role="cascade")
+            d.seq = min(d.seq, f.seq)
+            d.behind = tuple(sorted(set(d.behind) | {r}))
+            d.waiting = tuple(sorted(set(d.waiting) | set(f.waiting)))
+            d.blocked_in[r] = (blocker.pg, blocker.seq)
+            culprit = blocker.rank if blocker.rank in root_ranks else None
+            if culprit is not None:
+                d.blocked_by = tuple(sorted(set(d.blocked_by) | {culprit}))
+    an.cascades.extend(down[name] for name in sorted(down, key=order_key))
+
+
+def _cycle_ranks(blocked: dict[int, list[Finding]]) -> list[int]:
+    edges = {r: {f.rank for f in fs if f.rank is not None and f.rank in blocked} for r, fs in blocked.items()}
+    out = []
+    for start in edges:
+        seen, stack = set(), list(edges[start])
+        while stack:
+            n = stack.pop()
+            if n == start:
+                out.append(start)
+                break
+            if n in seen:
+                continue
+            seen.add(n)
+            stack.extend(edges.get(n, ()))
+    return sorted(out)

@@ -1,0 +1,232 @@
+"""Reading Flight Recorder pickles without executing anything, and without reading all of them.
+
+Dumps are written by torch's C++ Pickler (protocol 2, plain dicts, lists, tuples,
+strings, ints, bools, None, floats). A job can write anything there, so:
+
+- ``find_class`` and ``persistent_load`` always raise. Every path from a pickle
+  to an import or a call (GLOBAL, STACK_GLOBAL, INST, OBJ, then REDUCE/BUILD/
+  NEWOBJ) needs one of them, so nothing callable is ever produced.
+- EXT1/2/4 skip ``find_class`` when the process-wide extension cache already
+  holds the object (research/flight-recorder.md §3). The registry is empty by
+  default; if anything in this process registered an extension, every dump is
+  scanned for EXT opcodes first and refused if it has one.
+- Memory and CPU: the caller caps the bytes; huge length fields fail as
+  truncated data or MemoryError; the result is only walked along the known
+  schema (trace.py), never recursively.
+
+Speed: the C unpickler builds ~35 objects per entry (~4 µs), which is too slow
+for 4096 ranks x 2000 entries on two cores. ``load`` can therefore read only
+the head of a dump (header and the first entries, which define the memo:
+strings and shared stack frames) and its newest ``tail_entries`` entries, and
+stitch them into one stream for the same restricted unpickler. If the tail
+refers to a memo slot defined in the skipped middle, or the cut lands on
+something that is not an entry, the unpickler fails and the whole dump is
+loaded instead: the shortcut can fall back, never mislead.
+"""
+from __future__ import annotations
+
+import copyreg
+import io
+import pickle
+import pickletools
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .types import DumpError
+
+PROTO2 = b"\x80\x02"
+_ENTRIES_KEY = b"X\x07\x00\x00\x00entries"
+# Re-open the top-level dict and its 'entries' list in front of a tail cut.
+_TAIL_PREFIX = PROTO2 + b"}(" + _ENTRIES_KEY + b"]("
+HEAD_BYTES = 16 << 10  # first read; grown up to HEAD_MAX until HEAD_ENTRIES entries are in it
+HEAD_MAX = 1 << 20
+HEAD_ENTRIES = 16
+_EXT_OPS = frozenset({"EXT1", "EXT2", "EXT4"})
+
+
+class _Restricted(pickle.Unpickler):
+    """An unpickler that can build only plain data."""
+
+    def find_class(self, module: str, name: str) -> Any:  # noqa: D401 - pickle hook
+        raise DumpError(f"refused: the dump asks for the global {module[:64]}.{name[:64]}")
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise DumpError("refused: the dump uses a persistent id")
+
+
+def extensions_registered() -> bool:
+    """True when some code in this process registered a copyreg extension (EXT caveat)."""
+    return bool(copyreg._inverted_registry) or bool(copyreg._extension_cache)  # type: ignore[attr-defined]
+
+
+def _refuse_ext(data: bytes) -> None:
+    try:
+        for op, _arg, _pos in pickletools.genops(data):
+            if op.name in _EXT_OPS:
+                raise DumpError("refused: the dump uses a pickle extension code")
+    except DumpError:
+        raise
+    except Exception as err:  # genops raises ValueError and friends on junk
+        raise DumpError(f"not a pickle: {err}") from err
+
+
+def _stream_load(stream: bytes, count: int) -> list[Any]:
+    """Run the restricted unpickler ``count`` times over one stream (memo shared)."""
+    u = _Restricted(io.BufferedReader(io.BytesIO(stream)))  # 4x faster than a bare BytesIO
+    out = []
+    try:
+        for _ in range(count):
+            out.append(u.load())
+    except DumpError:
+        raise
+    except RecursionError as err:
+        raise DumpError("not a usable pickle: nested too deeply") from err
+    except MemoryError as err:
+        raise DumpError("not a usable pickle: a length field asks for more memory than the cap") from err
+    except Exception as err:  # UnpicklingError, EOFError, ValueError, KeyError, TypeError, ...
+        raise DumpError(f"not a usable pickle: {type(err).__name__}: {str(err)[:200]}") from err
+    return out
+
+
+def loads(data: bytes) -> Any:
+    """Unpickle a whole dump with the restricted unpickler."""
+    if not data.startswith(b"\x80"):
+        raise DumpError("not a pickle (no PROTO opcode)")
+    if extensions_registered():
+        _refuse_ext(data)
+    return _stream_load(data, 1)[0]
+
+
+@dataclass
+class Loaded:
+    """A dump as plain data. ``history_truncated``: only head and tail entries were read."""
+
+    data: Any
+    history_truncated: bool = False
+    head_entries: list[Any] | None = None  # entries before the skipped middle (tail mode)
+    bytes_read: int = 0
+    fmt: str = "pickle"  # pickle | json
+
+
+def _memo_ref(data: bytes, at: int) -> tuple[bytes, int] | None:
+    """The BINGET bytes for a BINPUT/LONG_BINPUT at ``at`` and the position after it."""
+    if data[at : at + 1] == b"q" and len(data) > at + 1:
+        return b"h" + data[at + 1 : at + 2], at + 2
+    if data[at : at + 1] == b"r" and len(data) > at + 4:
+        idx = int.from_bytes(data[at + 1 : at + 5], "little")
+        ref = b"h" + bytes([idx]) if idx < 256 else b"j" + data[at + 1 : at + 5]
+        return ref, at + 5
+    return None
+
+
+def _entry_marker(head: bytes) -> tuple[bytes, int] | None:
+    """(bytes that open every entry dict, offset of the first entry) from the head of a dump.
+
+    torch writes each entry as EMPTY_DICT MARK, then its first key: as BINUNICODE
+    plus BINPUT in the first entry, as a BINGET of that memo slot in all others.
+    """
+    i = head.find(_ENTRIES_KEY)
+    if i < 0:
+        return None
+    j = i + len(_ENTRIES_KEY)
+    ref = _memo_ref(head, j)
+    if ref is not None:
+        j = ref[1]
+    if head[j : j + 2] != b"](":
+        return None
+    first = j + 2
+    if head[first : first + 2] != b"}(":
+        return None
+    k = first + 2
+    if head[k : k + 1] == b"X" and len(head) > k + 5:
+        n = int.from_bytes(head[k + 1 : k + 5], "little")
+        put = _memo_ref(head, k + 5 + n)
+        if put is None:
+            return None
+        return b"}(" + put[0], first
+    if head[k : k + 1] == b"h":
+        return b"}(" + head[k : k + 2], first
+    if head[k : k + 1] == b"j":
+        return b"}(" + head[k : k + 5], first
+    return None
+
+
+def load(pread: Callable[[int, int], bytes], size: int, cap: int, tail_entries: int | None) -> Loaded:
+    """Load a dump through ``pread(offset, n)``; with ``tail_entries``, read only head and tail.
+
+    Raises DumpError for anything that is not a usable, safe dump, and for a file
+    over ``cap`` bytes that cannot be read in tail mode.
+    """
+    if tail_entries is not None and not extensions_registered() and size > 8 * HEAD_BYTES:
+        got = _load_tail(pread, size, tail_entries, cap)
+        if got is not None:
+            return got
+    if size > cap:
+        raise DumpError(f"{size} bytes, more than the {cap}-byte cap", status="truncated")
+    data = pread(0, size)
+    return Loaded(data=loads(data), bytes_read=len(data))
+
+
+def _load_tail(pread: Callable[[int, int], bytes], size: int, tail_entries: int, cap: int) -> Loaded | None:
+    """Head + newest entries, or None when the dump does not lend itself (then load it whole)."""
+    want_head = min(HEAD_BYTES, cap)
+    while True:
+        head = pread(0, want_head)
+        if not head.startswith(PROTO2):
+            return None
+        found = _entry_marker(head)
+        starts: list[int] = []
+        if found is not None:
+            marker, first = found
+            starts = [first]
+            while len(starts) <= HEAD_ENTRIES:
+                nxt = head.find(marker, starts[-1] + 2)
+                if nxt < 0:
+                    break
+                starts.append(nxt)
+        if len(starts) > HEAD_ENTRIES or want_head >= min(HEAD_MAX, cap, size):
+            break
+        want_head = min(want_head * 4, HEAD_MAX, cap, size)  # big pg_config or deep stacks
+    if found is None or len(starts) < 3:
+        return None
+    head_cut = starts[-1]
+    # Entry size from the later head entries: the first ones also define the memo (frames).
+    mid = len(starts) // 2
+    avg = max(1.0, (head_cut - starts[mid]) / (len(starts) - 1 - mid))
+    if (size - first) / avg <= 2 * tail_entries + len(starts):
+        return None  # small enough: the whole dump is cheaper than being clever
+    want = int(avg * tail_entries * 1.3) + 4096
+    if len(head) + want > cap:
+        return None
+    t0 = max(head_cut, size - want)
+    tail = pread(t0, size - t0)
+    # Entry starts from the end; a marker-like byte run inside a string only costs a retry.
+    cands: list[int] = []
+    end = len(tail)
+    while len(cands) < tail_entries:
+        k = tail.rfind(marker, 0, end)
+        if k < 0:
+            break
+        cands.append(k)
+        end = k
+    if not cands:
+        return None
+    for k in (cands[-1], *cands[-2:-5:-1]):
+        stream = head[:head_cut] + b"eu." + _TAIL_PREFIX + tail[k:]
+        try:
+            top, rest = _stream_load(stream, 2)
+        except DumpError as err:
+            if "Memo value not found" in str(err):
+                return None  # the tail needs strings or frames first seen in the middle
+            continue
+        if not (isinstance(top, dict) and isinstance(rest, dict)):
+            continue
+        head_list, tail_list = top.get("entries"), rest.get("entries")
+        if not (isinstance(head_list, list) and isinstance(tail_list, list) and tail_list):
+            continue
+        for key, value in rest.items():
+            if key != "entries":
+                top.setdefault(key, value)
+        top["entries"] = tail_list
+        return Loaded(data=top, history_truncated=True, head_entries=head_list, bytes_read=len(head) + len(tail))
+    return None

@@ -1,0 +1,174 @@
+"""Fresh, real Flight Recorder dumps from torch 2.13 (CPU, Gloo, 8 ranks on localhost).
+
+One session fixture runs every scenario of fr_scenarios.py (about 30 s on two
+cores); each test asserts the analyser's answer against both the value the
+program's own bookkeeping recorded (expected.json) and the value worked out by
+hand from the scenario's program.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slurm_attr import flightrec
+from slurm_attr.bundle import Bundle
+from slurm_attr.config import Config
+from slurm_attr.flightrec.html import render_html
+from slurm_attr.flightrec.matrix import build_matrix
+
+pytestmark = [
+    pytest.mark.torch,
+    pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed (pip install torch==2.13.0, CPU wheel)"),
+]
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="session")
+def dumps(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("fr_torch")
+    proc = subprocess.run([sys.executable, str(HERE / "fr_scenarios.py"), str(out)], capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        pytest.fail(f"fr_scenarios.py failed:\n{proc.stdout}\n{proc.stderr[-3000:]}")
+    return out
+
+
+def _expected(d: Path) -> dict:
+    return json.loads((d / "expected.json").read_text())
+
+
+def _roots(rep: flightrec.Report) -> list:
+    return [s for s in rep.symptoms if s.role == "root"]
+
+
+@pytest.mark.parametrize("name,kind,rank,pg,seq", [
+    ("skip", "skip", 5, "0", 7),
+    ("op", "op", 2, "0", 7),
+    ("size", "size", 7, "0", 6),
+    ("dtype", "dtype", 4, "0", 6),
+    ("stuck", "not_reached", 3, "0", 6),
+    ("wrap", "size", 6, "0", 26),
+])
+@pytest.mark.parametrize("fmt", ["pickle", "json"])
+def test_world_group_faults(dumps: Path, name: str, kind: str, rank: int, pg: str, seq: int, fmt: str) -> None:
+    d = dumps / name
+    exp = _expected(d)
+    assert (exp["culprit"], exp["pg"], exp["seq"]) == (rank, pg, seq)
+    rep = flightrec.inspect(str(d / "json" if fmt == "json" else d))
+    (s,) = _roots(rep)
+    assert (s.rank, s.fields["pg"], s.fields["collective_seq_id"], s.fields["kind"]) == (rank, pg, seq, kind)
+    assert s.id == ("fr.rank_stuck" if kind == "not_reached" else "fr.collective_mismatch")
+    assert s.fields["members"] == list(range(8)) and s.fields["pg_desc"] == "default_pg"
+    assert s.trusted is False and s.action == "none"
+    assert sorted(rep.dumps.traces) == list(range(8))
+    # stock torch 2.13 Gloo writes the broken pg_config: the analysis says so and copes
+    assert all(tr.pg_config_broken for tr in rep.dumps.traces.values())
+    assert any("pg_config broken" in c.detail for c in rep.coverage)
+
+
+def test_details_of_each_kind(dumps: Path) -> None:
+    s = _roots(flightrec.inspect(str(dumps / "size")))[0]
+    assert (s.fields["culprit_input_sizes"], s.fields["majority_input_sizes"]) == ([[1000]], [[1024]])
+    fd = s.fields["first_differing_frame"]
+    assert "fr_scenarios.py" in fd["culprit"] and "sync_grads" in fd["culprit"] and fd["culprit"] != fd["majority"]
+    s = _roots(flightrec.inspect(str(dumps / "dtype")))[0]
+    assert (s.fields["culprit_dtypes"], s.fields["majority_dtypes"]) == (["Half"], ["Float"])
+    s = _roots(flightrec.inspect(str(dumps / "op")))[0]
+    assert (s.fields["culprit_op"], s.fields["majority_op"]) == ("all_gather", "all_reduce")
+    s = _roots(flightrec.inspect(str(dumps / "skip")))[0]
+    # rank 5 issued step 4's sync_grads where the others issued step 3's reduce_loss
+    assert (s.fields["culprit_input_sizes"], s.fields["majority_input_sizes"]) == ([[1024]], [[2048]])
+    assert "reduce_loss" in " ".join(s.fields["majority_stack"]) and "sync_grads" in " ".join(s.fields["culprit_stack"])
+    s = _roots(flightrec.inspect(str(dumps / "stuck")))[0]
+    assert s.fields["waiting_ranks"] == [0, 1, 2, 4, 5, 6, 7]
+    assert s.fields["culprit_last_collective"]["collective_seq_id"] == 5
+
+
+def test_healthy_run_has_no_finding(dumps: Path) -> None:
+    rep = flightrec.inspect(str(dumps / "healthy"))
+    assert rep.symptoms == []
+    assert [c.status for c in rep.coverage] == ["ok"]
+
+
+def test_subgroup_mismatch_root_and_downstream(dumps: Path) -> None:
+    d = dumps / "subgroup"
+    exp = _expected(d)
+    assert (exp["culprit"], exp["pg"], exp["seq"]) == (5, "3", 3)  # TP groups '1'..'4'; [4, 5] is '3'
+    rep = flightrec.inspect(str(d))
+    (root,) = _roots(rep)
+    assert (root.rank, root.fields["pg"], root.fields["collective_seq_id"], root.fields["kind"]) == (5, "3", 3, "size")
+    assert root.fields["members"] == [4, 5] and root.fields["members_from"] == "entries"
+    assert (root.fields["culprit_input_sizes"], root.fields["majority_input_sizes"]) == ([[32]], [[64]])
+    cascades = {s.fields["pg"]: s for s in rep.symptoms if s.role == "cascade"}
+    # DP groups '5' = {0,2,4,6} and '6' = {1,3,5,7}: ranks 4 and 5 never got there
+    assert sorted(cascades) == ["5", "6"]
+    assert cascades["5"].fields["behind_ranks"] == [4] and cascades["6"].fields["behind_ranks"] == [5]
+    for s in cascades.values():
+        assert s.id == "fr.downstream_hang" and s.fields["root_ranks"] == [5]
+        assert list(s.fields["blocked_in"].values()) == [{"pg": "3", "collective_seq_id": 3}]
+
+
+def test_wrapped_buffers_differ_per_rank(dumps: Path) -> None:
+    rep = flightrec.inspect(str(dumps / "wrap"))
+    traces = rep.dumps.traces
+    assert all(tr.n_entries == 20 for tr in traces.values())  # TORCH_FR_BUFFER_SIZE=20: every ring wrapped
+    lo = {r: tr.streams["0"].lo for r, tr in traces.items()}
+    assert lo[0] > lo[7] > 1  # ranks 0-3 also used an extra group: their window is shorter
+    assert rep.analysis.windows["0"][0] == max(lo.values())
+
+
+def test_missing_dump_of_a_bystander(dumps: Path) -> None:
+    rep = flightrec.inspect(str(dumps / "size_missing"))
+    (s,) = _roots(rep)
+    assert (s.rank, s.fields["collective_seq_id"], s.fields["kind"]) == (7, 6, "size")
+    assert s.fields["ranks_without_dump"] == [1]
+    assert [c.detail for c in rep.coverage if c.status == "missing"] == ["no dump for rank 1"]
+
+
+def test_missing_dump_of_the_stuck_rank(dumps: Path) -> None:
+    rep = flightrec.inspect(str(dumps / "stuck_missing_culprit"))
+    (s,) = _roots(rep)
+    assert (s.id, s.rank, s.fields["collective_seq_id"], s.fields.get("no_dump")) == ("fr.rank_stuck", 3, 6, True)
+
+
+def test_bundle_nodes_matrix_and_html(dumps: Path, tmp_path: Path) -> None:
+    root = tmp_path / "bundle"
+    ranks = {}
+    for r in range(8):
+        node = "node-a" if r < 4 else "node-b"
+        ranks[str(r)] = node
+        (root / "nodes" / node / "fr").mkdir(parents=True, exist_ok=True)
+        shutil.copy(dumps / "subgroup" / f"nccl_trace_rank_{r}", root / "nodes" / node / "fr")
+    (root / "job.json").write_text(json.dumps({"job_id": "42", "nodes": ["node-a", "node-b"], "ranks": ranks}))
+    symptoms, cov = flightrec.analyze(Bundle(str(root)), Config())
+    assert [(s.rank, s.node, s.role) for s in symptoms] == [(5, "node-b", "root"), (4, "node-b", "cascade"), (5, "node-b", "cascade")]
+    assert [(c.node, c.status) for c in cov] == [("node-a", "ok"), ("node-b", "ok")]
+    rep = flightrec.inspect(str(root))
+    m = build_matrix(rep.dumps, rep.analysis)
+    assert [p.pg for p in m.panels] == ["3", "5", "6"]
+    page = render_html(m, rep.symptoms, rep.coverage, title="job 42")
+    assert len(re.findall(r'class="cell s\d+ culprit divcol"', page)) == 1  # rank 5's [32] in TP '3'
+    assert len(re.findall(r'class="cell nr culprit divcol"', page)) == 2  # ranks 4, 5 never reached DP #3
+
+
+def test_full_ring_is_read_by_head_and_tail(dumps: Path) -> None:
+    """2000-entry rings written by torch itself: the head+tail read gives exactly the newest entries."""
+    from slurm_attr.flightrec.loader import load_dumps
+
+    d = dumps / "long"
+    tail = load_dumps(str(d), tail_entries=256, workers=1)
+    full = load_dumps(str(d), tail_entries=None, workers=1)
+    for r in (0, 1):
+        assert tail.traces[r].history_truncated and not full.traces[r].history_truncated
+        assert full.traces[r].n_entries == 2000
+        st, ref = tail.traces[r].streams["0"], full.traces[r].streams["0"]
+        assert len(st.sigs) == 256 and st.hi == ref.hi
+        assert st.sigs == ref.sigs[len(ref.sigs) - 256 :]
+    assert flightrec.inspect(str(d)).symptoms == []

@@ -60,3 +60,38 @@ echo "== sinfo -R"
 sinfo -R -o '%N|%T|%E' | column -t -s '|'
 # Put the demo's node back: only nodes slurm-attr drained are resumed.
 "$SATTR" undrain n2 --reason "demo finished" >/dev/null 2>&1 || true
+
+# A second job, when torch is installed: a real 4-rank torch.distributed (Gloo) run where
+# rank 3 all_reduces 1000 elements instead of 1024. Its Flight Recorder dumps go where the
+# SPANK plugin pointed them; the verdict names the rank, its node and the collective.
+PYTHON=$(command -v python3)
+if "$PYTHON" -c 'import torch' 2>/dev/null; then
+    {
+        echo '#!/bin/bash'
+        echo '#SBATCH -N2 -n4 -t 3 --job-name=demo-fr'
+        echo 'export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))'
+        echo "srun -l $PYTHON $REPO/cluster/jobs/fr_train.py --fault size --rank 3 --step 3"
+    } > "$WORK/fr.sh"
+    echo
+    echo "== submitting a 4-rank torch job with a collective size bug on rank 3"
+    JOB2=$(sbatch --parsable "$WORK/fr.sh")
+    echo "   job $JOB2"
+    for _ in $(seq 180); do
+        st=$(sacct -n -P -X -j "$JOB2" -o State | head -1)
+        case $st in COMPLETED|FAILED*|CANCELLED*|TIMEOUT|NODE_FAIL) break ;; esac
+        sleep 0.5
+    done
+    for _ in $(seq 120); do "$SATTR" show "$JOB2" >/dev/null 2>&1 && break; sleep 0.5; done
+    for _ in $(seq 60); do sacct -n -P -X -j "$JOB2" -o Comment | grep -q 'SATTR1:' && break; sleep 0.5; done
+    echo
+    echo "== sattr $JOB2"
+    "$SATTR" "$JOB2" || true
+    echo
+    echo "== sattr fr $JOB2"
+    "$SATTR" fr "$JOB2" || true
+    echo
+    echo "== sacct -j $JOB2 -o JobID,State,Comment%200"
+    sacct -X -j "$JOB2" -o JobID,State,Comment%200
+else
+    echo "(torch is not installed: skipping the Flight Recorder job; pip install torch==2.13.0)"
+fi

@@ -1,7 +1,9 @@
 """The verdict store: SQLite through sqlite-utils.
 
 Tables: jobs, verdicts, symptoms, evidence, coverage, actions, comments (the
-accounting-comment queue), meta (schema version). WAL and a busy timeout: the
+accounting-comment queue), meta (schema version); since schema 2 also the drain
+circuit breaker: breaker (tripped state), drain_ledger (automatic drains, the
+breaker's count) and undrains (who resumed which node, and why). WAL and a busy timeout: the
 detached analysers of jobs ending together write at once. Re-analysis of a job
 replaces its rows. Per-node/GPU symptom history serves recurrence rules.
 """
@@ -11,6 +13,7 @@ import json
 import os
 import sqlite3
 import time
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any, Iterable, Iterator
 
@@ -19,7 +22,7 @@ import sqlite_utils
 from .errors import NotFound, StoreError
 from .model import Action, Verdict
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT_MS = 10_000
 
 
@@ -70,7 +73,29 @@ def _m1(db: sqlite_utils.Database) -> None:
     db["actions"].create_index(["decided_at"], if_not_exists=True)
 
 
-MIGRATIONS = [_m1]
+def _m2(db: sqlite_utils.Database) -> None:
+    # The circuit breaker (drain.py, breaker.py): one row per breaker name.
+    db["breaker"].create({
+        "name": str, "tripped": int, "tripped_at": float, "why": str, "reset_at": float, "reset_by": str,
+        "reset_why": str,
+    }, pk="name", if_not_exists=True)
+    # Every automatic drain or reboot claimed or carried out: what the breaker counts. A claim is
+    # written before scontrol runs, in one transaction with the count, so concurrent analysers
+    # cannot both take the last slot; status claimed -> applied, or released when Slurm refused.
+    db["drain_ledger"].create({
+        "id": int, "node": str, "job_id": str, "kind": str, "path": str, "partitions": str, "reason": str,
+        "at": float, "status": str,
+    }, pk="id", if_not_exists=True)
+    db["undrains"].create({
+        "id": int, "node": str, "job_id": str, "drain_reason": str, "why": str, "actor": str, "at": float,
+        "ok": int, "detail": str,
+    }, pk="id", if_not_exists=True)
+    db["drain_ledger"].create_index(["at"], if_not_exists=True)
+    db["drain_ledger"].create_index(["node", "job_id"], if_not_exists=True)
+    db["undrains"].create_index(["at"], if_not_exists=True)
+
+
+MIGRATIONS = [_m1, _m2]
 
 
 class Store:
@@ -200,13 +225,111 @@ class Store:
         sql += " order by decided_at desc, id desc limit ?"; args.append(limit)
         return [dict(r) for r in self.db.query(sql, args)]
 
+    # -- drain circuit breaker (schema 2) -------------------------------------------------
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """An IMMEDIATE transaction: the write lock is taken at once, so a read-then-write
+        decision (the breaker's count, then its claim) is atomic across processes."""
+        conn = self.db.conn
+        if conn.in_transaction:
+            conn.commit()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            conn.rollback()
+            raise
+        conn.commit()
+
+    def breaker(self, name: str = "drain") -> dict[str, Any]:
+        rows = list(self.db.query("select * from breaker where name = ?", [name]))
+        if rows:
+            return dict(rows[0])
+        return {"name": name, "tripped": 0, "tripped_at": None, "why": "", "reset_at": None, "reset_by": "",
+                "reset_why": ""}
+
+    def trip_breaker(self, why: str, name: str = "drain") -> None:
+        """Trip the breaker (no-op when already tripped: the first reason is kept). Call inside
+        ``transaction()``."""
+        cur = self.breaker(name)
+        if cur["tripped"]:
+            return
+        cur.update({"tripped": 1, "tripped_at": _now(), "why": why[:500]})
+        self._put_breaker(cur)
+
+    def _put_breaker(self, row: dict[str, Any]) -> None:
+        # Plain SQL: sqlite-utils' writes commit on their own, which would end a caller's transaction early.
+        cols = ("name", "tripped", "tripped_at", "why", "reset_at", "reset_by", "reset_why")
+        self.db.conn.execute(f"insert or replace into breaker ({', '.join(cols)}) values ({', '.join('?' for _ in cols)})",
+                             [row.get(c) for c in cols])
+
+    def reset_breaker(self, actor: str, why: str = "", name: str = "drain") -> dict[str, Any]:
+        """Close the breaker; drains before now no longer count towards its window."""
+        with self.transaction():
+            cur = self.breaker(name)
+            cur.update({"tripped": 0, "reset_at": _now(), "reset_by": actor, "reset_why": why[:500]})
+            self._put_breaker(cur)
+        return cur
+
+    def ledger_count(self, since: float) -> int:
+        rows = list(self.db.query(
+            "select count(*) as n from drain_ledger where at >= ? and status in ('claimed', 'applied')", [since]))
+        return int(rows[0]["n"])
+
+    def ledger_inflight(self, since: float) -> list[dict[str, Any]]:
+        """Claims not settled yet (scontrol running in another process), newer than since."""
+        return [dict(r) for r in self.db.query(
+            "select * from drain_ledger where at >= ? and status = 'claimed' order by at", [since])]
+
+    def ledger_has(self, node: str, job_ids: Iterable[str]) -> bool:
+        """Whether we already drained (or are draining) node for one of these job ids."""
+        ids = [j for j in job_ids if j]
+        if not ids:
+            return False
+        marks = ",".join("?" for _ in ids)
+        rows = list(self.db.query(
+            f"select 1 from drain_ledger where node = ? and job_id in ({marks}) and status in ('claimed', 'applied') "
+            "limit 1", [node, *ids]))
+        return bool(rows)
+
+    def ledger_claim(self, node: str, job_id: str, kind: str, path: str, partitions: list[str], reason: str) -> int:
+        """Write a claim; call inside ``transaction()`` after checking the count."""
+        cur = self.db.conn.execute(
+            "insert into drain_ledger (node, job_id, kind, path, partitions, reason, at, status) "
+            "values (?, ?, ?, ?, ?, ?, ?, 'claimed')", [node, job_id, kind, path, json.dumps(partitions), reason, _now()])
+        return int(cur.lastrowid)
+
+    def ledger_settle(self, claim_id: int, status: str, kind: str | None = None) -> None:
+        """claimed -> applied (with the kind actually used) or released (Slurm refused)."""
+        upd: dict[str, Any] = {"status": status}
+        if kind:
+            upd["kind"] = kind
+        with self.db.conn:
+            self.db["drain_ledger"].update(claim_id, upd)
+
+    def record_undrain(self, node: str, job_id: str, drain_reason: str, why: str, actor: str, ok: bool,
+                       detail: str = "") -> None:
+        with self.db.conn:
+            self.db["undrains"].insert({"node": node, "job_id": job_id, "drain_reason": drain_reason, "why": why,
+                                        "actor": actor, "at": _now(), "ok": int(ok), "detail": detail[:500]})
+
+    def undrains(self, since: float | None = None, limit: int = 500) -> list[dict[str, Any]]:
+        sql, args = "select * from undrains", []
+        if since is not None:
+            sql += " where at >= ?"; args.append(since)
+        sql += " order by at desc, id desc limit ?"; args.append(limit)
+        return [dict(r) for r in self.db.query(sql, args)]
+
     # -- the accounting-comment queue ----------------------------------------------------
     def queue_comment(self, job_id: str, slurm_job_id: str, field: str, text: str) -> None:
         self.db["comments"].upsert({"job_id": job_id, "slurm_job_id": slurm_job_id, "field": field, "text": text, "status": "pending",
                                     "attempts": 0, "last_error": "", "updated_at": _now()}, pk="job_id")
 
     def comment_result(self, job_id: str, ok: bool, error: str = "", give_up_after: int = 50) -> None:
-        row = dict(self.db["comments"].get(job_id))
+        rows = list(self.db.query("select attempts from comments where job_id = ?", [job_id]))
+        if not rows:
+            return  # dequeued meanwhile (a re-analysis replaced it)
+        row = rows[0]
         attempts = int(row.get("attempts") or 0) + 1
         status = "written" if ok else ("failed" if attempts >= give_up_after else "pending")
         self.db["comments"].update(job_id, {"status": status, "attempts": attempts, "last_error": error[:500],

@@ -65,7 +65,7 @@ def test_reanalysis_replaces_our_part_only(cluster):
     # Analyse the same bundle again through the real hook entry point.
     env = dict(cluster.env, SLURM_JOB_ID=job)
     py = str(cluster.base / "venv" / "bin" / "python")
-    cluster.run([py, "-m", "slurm_attr.hooks", "analyze", job], env=env)
+    cluster.run([py, "-m", "slurm_attr.hooks", "analyze", job], env=env, cwd=str(cluster.base))
     second = cluster.comment(job)
     assert second.startswith("User Text") and second.count("SATTR1:") == 1
 
@@ -146,6 +146,7 @@ def test_accounting_down_verdict_stored_comment_queued_then_written(cluster):
     dbd = _pid(cluster, "slurmdbd")
     job = cluster.sbatch("#!/bin/bash\n#SBATCH -N1\nexit 4\n", user="sattrtest")
     cluster.wait_state(job)
+    cluster.comment(job)  # the analysis at the job's end is done with accounting
     os.kill(dbd, signal.SIGSTOP)  # accounting stops answering (not a clean shutdown)
     try:
         env = dict(cluster.env, SLURM_JOB_ID=job)
@@ -155,7 +156,7 @@ def test_accounting_down_verdict_stored_comment_queued_then_written(cluster):
         cluster.verdict(job)
         con.execute("delete from comments where job_id = ?", [job])
         con.commit()
-        cluster.run([py, "-m", "slurm_attr.hooks", "analyze", job], env=env, timeout=300)
+        cluster.run([py, "-m", "slurm_attr.hooks", "analyze", job], env=env, timeout=300, cwd=str(cluster.base))
         row = con.execute("select status, attempts from comments where job_id = ?", [job]).fetchone()
         assert row is not None and row[0] == "pending" and row[1] >= 1, row
         assert cluster.verdict(job)["cause"] == "user_error"

@@ -6,7 +6,7 @@ PREFIX ?= /usr
 LIBEXEC ?= $(PREFIX)/libexec/slurm-attr
 PYTEST_ARGS ?= -ra
 
-.PHONY: all spank install uninstall test test-native test-unit test-integration demo cluster-up cluster-down bench docs clean
+.PHONY: all spank install uninstall test test-native test-unit test-integration demo cluster-up cluster-down bench bench-cluster docs clean
 
 all: spank
 
@@ -47,8 +47,14 @@ demo: spank
 	bash cluster/testcluster.sh up
 	bash cluster/demo.sh
 
-bench:
-	$(PYTHON) bench/run_all.py
+# Each prints its figures and the ratio against its named peer, measured in the same run.
+bench: spank
+	$(PYTHON) bench/bench_rules.py          # vs grep -E with the catalog's patterns
+	$(PYTHON) bench/bench_probe.py          # ns per callback, bytes per rank, 4096-rank analysis
+	$(PYTHON) bench/bench_flightrec.py      # vs torchfrtrace (minutes: it is the slow one)
+
+bench-cluster: cluster-up
+	$(PYTHON) bench/bench_epilog.py         # node epilog wall time, job end -> Comment
 
 docs:
 	sattr rules list --format markdown > docs/rules.md

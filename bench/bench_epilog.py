@@ -3,8 +3,9 @@
     python bench/bench_epilog.py [--jobs 20]
 
 Needs the local cluster (`bash cluster/testcluster.sh up`, as root). For each of
-N jobs with nothing to collect and N jobs that leave 8 real Flight Recorder
-dumps (from shared/fixtures) in their evidence dir, it reads the node epilog's
+N jobs with nothing to collect and N jobs that leave 8 Flight Recorder dumps
+of 2000 entries each (bench/gen_fr.py, torch's schema, ~340 KB per rank) in
+their evidence dir, it reads the node epilog's
 wall time from the test cluster's hook timing log (the hook wrapper records start
 and end), and for every job the time from srun returning (the job's end, as the
 user sees it) to `sacct -o Comment` showing the SATTR1: verdict.
@@ -16,12 +17,12 @@ import os
 import shlex
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 BASE = Path(os.environ.get("SATTR_CLUSTER_BASE", "/var/lib/sattr-testcluster"))
-FIXTURES = Path(os.environ.get("SLURM_ATTR_SHARED", REPO.parent / "shared")) / "fixtures" / "flight_recorder" / "gloo"
 
 
 def env() -> dict[str, str]:
@@ -71,8 +72,12 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=20)
     args = ap.parse_args()
     e = env()
-    dumps = sorted((FIXTURES / "s2_skip").glob("nccl_trace_rank_*")) + sorted((FIXTURES / "s4_size_mismatch").glob("nccl_trace_rank_*"))
-    dumps = [d for d in dumps if d.is_file()][:8]
+    src = BASE / "bench-fr8"
+    if not (src / "nccl_trace_rank_7").exists():
+        subprocess.run([sys.executable, str(REPO / "bench" / "gen_fr.py"), str(src), "--ranks", "8",
+                        "--entries", "2000", "--fault-rank", "3"], check=True)
+    dumps = sorted(src.glob("nccl_trace_rank_*"))[:8]
+    size = sum(d.stat().st_size for d in dumps)
     copy = "; ".join(f"cp {shlex.quote(str(d))} \"$SLURM_ATTR_DIR/fr/nccl_trace_rank_{i}\"" for i, d in enumerate(dumps))
     results: dict[str, dict[str, list[float]]] = {}
     for name, script in (("empty", "exit 1"), ("8 FR dumps", f"{copy}; exit 1")):
@@ -83,7 +88,8 @@ def main() -> None:
         times = epilog_times()
         results[name] = {"epilog": [times[j][0] for j, _ in jobs if j in times],
                          "comment": [c for _, c in jobs if c == c]}
-    print(f"node epilog wall time and job end -> Comment visible, {args.jobs} jobs each (test cluster, 2 cores)")
+    print(f"node epilog wall time and job end -> Comment visible, {args.jobs} jobs each (test cluster, 2 cores);"
+          f" FR dumps: {len(dumps)} files, {size / 1e6:.1f} MB")
     for name, r in results.items():
         ep, cm = r["epilog"], r["comment"]
         print(f"  {name:12s} epilog median {statistics.median(ep) * 1000:7.0f} ms  (min {min(ep) * 1000:.0f}, "

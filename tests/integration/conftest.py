@@ -75,7 +75,8 @@ class Cluster:
 
     def sacct(self, job_id: str, fields: str = "State,ExitCode,Comment%400") -> dict[str, str]:
         names = [f.split("%")[0] for f in fields.split(",")]
-        out = self.run(["sacct", "-n", "-P", "-X", "-j", str(job_id), "-o", fields]).stdout
+        # Accounting may be restarting (a concurrent `up`): callers poll, so an error is "not yet".
+        out = self.run(["sacct", "-n", "-P", "-X", "-j", str(job_id), "-o", fields], check=False).stdout
         for ln in out.splitlines():
             parts = ln.split("|", len(names) - 1)
             if len(parts) == len(names):

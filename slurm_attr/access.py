@@ -9,6 +9,8 @@ from __future__ import annotations
 import grp
 import os
 import pwd
+import re
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,8 +55,10 @@ def is_admin(cfg: Config, uid: int, name: str, slurm_user: str = "slurm") -> boo
     return False
 
 
-def _can_open(path: str) -> bool:
+def can_read_database(path: str) -> bool:
+    """Whether this process may open the verdict database (it is root's by default)."""
     return os.path.exists(path) and os.access(path, os.R_OK) and os.access(os.path.dirname(path) or ".", os.X_OK)
+
 
 
 def _check_owner(job: dict[str, Any], uid: int, name: str, job_id: str) -> None:
@@ -68,7 +72,7 @@ def _check_owner(job: dict[str, Any], uid: int, name: str, job_id: str) -> None:
 def job_view(cfg: Config, job_id: str) -> JobView:
     uid, name = caller()
     admin = is_admin(cfg, uid, name)
-    if _can_open(cfg.paths.database):
+    if can_read_database(cfg.paths.database):
         try:
             store = Store(cfg.paths.database)
         except StoreError:
@@ -85,21 +89,34 @@ def job_view(cfg: Config, job_id: str) -> JobView:
     return _from_accounting(cfg, job_id, uid, name, admin)
 
 
+# Seen on Slurm 22.05 right after the job's comment was written: for a second or two sacct
+# shows the record with User=root and an empty Partition, until slurmdbd has the job's own
+# records. Such a row is not an answer yet; a complete row naming another user is.
+_SETTLE_TRIES = 8
+_SETTLE_S = 0.5
+
+
 def _from_accounting(cfg: Config, job_id: str, uid: int, name: str, admin: bool) -> JobView:
     slurm = default_backend(cfg.paths.slurm_bin, cfg.paths.slurm_conf)
-    try:
-        row = slurm.sacct_job(job_id)
-        text = slurm.job_comment(job_id, cfg.comment.field) if row else None
-    except SlurmError as err:
-        raise NotFound(f"no verdict for job {job_id} (accounting: {err})") from err
+    for attempt in range(_SETTLE_TRIES):
+        try:
+            row = slurm.sacct_job(job_id)
+            text = slurm.job_comment(job_id, cfg.comment.field) if row else None
+        except SlurmError as err:
+            raise NotFound(f"no verdict for job {job_id} (accounting: {err})") from err
+        if admin or not row or row.get("User") == name or row.get("Partition"):
+            break
+        if attempt + 1 < _SETTLE_TRIES:
+            time.sleep(_SETTLE_S)
     if not row:
         raise NotFound(f"job {job_id} is not in accounting")
     if not admin and row.get("User") != name:
         raise PermissionDenied(f"job {job_id} belongs to another user: you can see only your own jobs")
-    at = (text or "").find(MARKER)
-    if at < 0:
+    # Case-insensitive: sacctmgr on Slurm 22.05 stores a modified job comment in lower case.
+    m = re.search(re.escape(MARKER), text or "", re.IGNORECASE)
+    if m is None:
         raise NotFound(f"no verdict for job {job_id} yet (none in its {cfg.comment.field})")
-    ours = text[at + len(MARKER):].strip()
+    ours = (text or "")[m.end():].strip()
     head, _, summary = ours.partition(" - ")
     words = head.split()
     v = Verdict(job_id=job_id, cause=words[0] if words else "unknown", summary=summary.strip())

@@ -1,49 +1,353 @@
 """The drain policy: which nodes a verdict takes out of service, within safety limits.
 
-Only hardware verdicts resting on trusted evidence drain (DESIGN.md §6). Reasons
-start with ``SATTR:``; a node drained, down or reserved for any other reason is
-never touched. Offline (no Slurm), the decisions are listed with applied=false.
+Only hardware evidence that the job could not have written drains (DESIGN.md §5, §6):
+a symptom from a trusted source (kernel log, Slurm) whose catalog action is drain,
+reset or reboot. Reasons start with ``SATTR:`` and name cause, symptom and job.
+
+Every candidate node gets exactly one decision (an ``Action``), in this order:
+
+1. offline (no Slurm)                      -> blocked "offline analysis"
+2. ``[drain] enabled = false``              -> blocked "drain disabled"
+3. no verdict database to count in          -> blocked "no verdict database"
+4. node state, re-read now:
+   drained/down/reserved/maintenance by someone else -> blocked "not our drain: <reason>"
+   drained by us (any job), or drained by us for this job before -> blocked "already drained"
+5. breaker tripped earlier                  -> blocked "circuit breaker"
+6. ``[drain] dry_run = true``               -> blocked "dry-run"
+7. breaker limits (count per window, share of a partition) -> trips it, blocked "circuit breaker"
+8. ``scontrol update State=DRAIN`` (or ``scontrol reboot ASAP nextstate=DOWN`` for the
+   catalog's reset/reboot when ``[drain] reboot = true``), then the state is re-read.
+
+Nothing here raises for a Slurm problem: a node whose state cannot be read is not
+drained, and the decision says why.
 """
 from __future__ import annotations
 
 import logging
-from typing import Any
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable
 
 from .config import Config
-from .model import Action, Verdict
+from .errors import SlurmError, StoreError
+from .model import Action, Symptom, Verdict, domain_of, is_trusted
 
 log = logging.getLogger("slurm_attr")
 
 PREFIX = "SATTR:"
 DRAIN_ACTIONS = ("drain", "reset", "reboot")
+# Slurm shows at most this much of a reason comfortably (sinfo -R); ours stay well under it.
+REASON_MAX = 80
+
+# State words (scontrol's State=BASE+FLAG+...) that mean a node is out of service or set
+# aside on purpose. A node in any of these for a reason that is not ours is never touched.
+_OUT_WORDS = frozenset({
+    "DRAIN", "DRAINED", "DRAINING", "DOWN", "FAIL", "FAILING", "MAINT", "RESERVED", "REBOOT_REQUESTED",
+    "REBOOT_ISSUED", "POWERED_DOWN", "POWERING_DOWN", "POWER_DOWN", "POWERING_UP", "FUTURE", "ERROR",
+    "PLANNED", "INVALID_REG",
+})
+_REASON_STAMP = re.compile(r"\s*\[[^\]@]*@[^\]]*\]\s*$")  # "... [root@2024-05-01T10:00:00]"
+_JOB_IN_REASON = re.compile(r"\bjob (\S+)")
+_SAFE = re.compile(r"[^A-Za-z0-9:._-]")
+
+BLOCK_OFFLINE = "offline analysis"
+BLOCK_DISABLED = "drain disabled"
+BLOCK_NO_STORE = "no verdict database"
+BLOCK_ALREADY = "already drained"
+BLOCK_BREAKER = "circuit breaker"
+BLOCK_DRY_RUN = "dry-run"
+NOT_OURS = "not our drain"
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """What Slurm says about one node, reduced to what the policy needs."""
+
+    name: str
+    words: frozenset[str]
+    reason: str  # without Slurm's trailing "[user@time]"
+    partitions: tuple[str, ...]
+
+    @classmethod
+    def from_record(cls, rec: dict[str, Any]) -> "NodeState":
+        state = str(rec.get("State") or rec.get("state") or "")
+        words = frozenset(w for w in re.split(r"[+\s,]", state.upper().rstrip("*~#!%$@^-")) if w)
+        reason = str(rec.get("Reason") or rec.get("reason") or "")
+        reason = _REASON_STAMP.sub("", reason).strip()
+        if reason in ("(null)", "none", "None"):
+            reason = ""
+        parts = rec.get("Partitions") or rec.get("partitions") or ""
+        if isinstance(parts, str):
+            parts = [p for p in parts.split(",") if p and p != "(null)"]
+        return cls(name=str(rec.get("NodeName") or rec.get("name") or ""), words=words, reason=reason,
+                   partitions=tuple(parts))
+
+    @property
+    def out_of_service(self) -> bool:
+        """Drained, down, reserved, in maintenance or being rebooted."""
+        return bool(self.words & _OUT_WORDS)
+
+    @property
+    def drained(self) -> bool:
+        return bool(self.words & {"DRAIN", "DRAINED", "DRAINING", "DOWN", "REBOOT_REQUESTED", "REBOOT_ISSUED"})
+
+    @property
+    def ours(self) -> bool:
+        return is_ours(self.reason)
+
+    def describe(self) -> str:
+        """The reason someone else set, or the state words when there is none."""
+        if self.reason:
+            return self.reason
+        shown = sorted(self.words & _OUT_WORDS) or sorted(self.words)
+        return "+".join(shown).lower() or "unknown state"
+
+
+def is_ours(reason: str | None) -> bool:
+    return (reason or "").lstrip().startswith(PREFIX)
+
+
+def reason_job(reason: str | None) -> str | None:
+    """The job id a SATTR: reason names, if any."""
+    m = _JOB_IN_REASON.search(reason or "")
+    return m.group(1) if m else None
+
+
+def may_drain(s: Symptom, hardware_verdict: bool) -> bool:
+    """Whether this symptom alone may take its node out (trusted evidence with a drain action)."""
+    if not s.trusted or s.action not in DRAIN_ACTIONS or not s.node:
+        return False
+    # Defence in depth: a symptom claiming trust must rest on a trusted source.
+    if s.evidence and not any(is_trusted(e.source) for e in s.evidence):
+        return False
+    if hardware_verdict or domain_of(s.cause) == "hardware":
+        return True
+    # The XID catalog's reset/reboot actions drain whatever the verdict (DESIGN.md §6).
+    return s.action in ("reset", "reboot")
+
+
+def _short_symptom(s: Symptom) -> str:
+    xid = s.fields.get("xid") if isinstance(s.fields, dict) else None
+    if isinstance(xid, (int, str)) and str(xid).isdigit():
+        return f"xid{xid}"
+    last = s.id.rsplit(".", 1)[-1]
+    return _SAFE.sub("", last)[:32] or "hw"
+
+
+def _short_gpu(gpu: Any) -> str:
+    if gpu in (None, ""):
+        return ""
+    g = _SAFE.sub("", str(gpu))
+    if g.startswith("0000:"):  # PCI domain 0: the bus id is enough to find the GPU
+        g = g[5:]
+    return f"gpu{g[:16]}"
+
+
+def reason_for(cause: str, s: Symptom, job_id: str) -> str:
+    """``SATTR: gpu_hardware xid79 gpu3 job 1234`` — short: sinfo -R shows it."""
+    parts = [PREFIX, _SAFE.sub("", cause) or "hardware", _short_symptom(s)]
+    gpu = _short_gpu(s.gpu)
+    if gpu:
+        parts.append(gpu)
+    parts += ["job", _SAFE.sub("", job_id)[:24]]
+    return " ".join(parts)[:REASON_MAX]
+
+
+def severity(s: Symptom) -> tuple[int, int]:
+    # reboot > reset > drain, then the rule's priority: the reason names the worst symptom.
+    return ({"reboot": 2, "reset": 1}.get(s.action, 0), s.priority)
 
 
 def candidates(verdict: Verdict) -> list[tuple[str, str, str]]:
-    """(node, catalog action, reason) for every node this verdict would take out."""
-    if verdict.domain != "hardware":
-        return []
-    out: dict[str, tuple[str, str, str]] = {}
+    """(node, catalog action, reason) for every node this verdict would take out.
+
+    A hardware verdict reached by correlation (an FR or probe culprit rank) drains a
+    culprit node only when that node's own trusted evidence asks for it: untrusted
+    evidence points at nodes, it never drains them.
+    """
+    hardware = verdict.domain == "hardware"
+    best: dict[str, Symptom] = {}
     for s in verdict.symptoms:
-        if s.role != "root" or not s.trusted or s.action not in DRAIN_ACTIONS or not s.node:
+        if not may_drain(s, hardware):
             continue
-        if verdict.culprit_nodes and s.node not in verdict.culprit_nodes:
-            continue
-        gpu = f" gpu{s.gpu}" if s.gpu not in (None, "") else ""
-        reason = f"{PREFIX} {verdict.cause} {s.id.split('.')[-1]}{gpu} job {verdict.job_id}"
-        out.setdefault(s.node, (s.node, s.action, reason[:120]))
-    return list(out.values())
+        cur = best.get(s.node or "")
+        if cur is None or severity(s) > severity(cur):
+            best[s.node or ""] = s
+    out = []
+    for node in sorted(best, key=lambda n: (n not in verdict.culprit_nodes, n)):
+        s = best[node]
+        cause = s.cause if domain_of(s.cause) == "hardware" else verdict.cause
+        out.append((node, s.action, reason_for(cause, s, verdict.job_id)))
+    return out
+
+
+def job_ids(verdict: Verdict, job: dict[str, Any]) -> list[str]:
+    """The ids this job goes by: the verdict's (A_T for array tasks) and Slurm's numeric one."""
+    ids = [str(verdict.job_id)]
+    raw = job.get("slurm_job_id") if isinstance(job, dict) else None
+    if raw and str(raw) not in ids:
+        ids.append(str(raw))
+    return ids
 
 
 def apply_policy(cfg: Config, verdict: Verdict, job: dict[str, Any], slurm: Any = None, store: Any = None,
                  path: str = "central") -> list[Action]:
-    """Decide (and, with slurm, carry out) the drains for this verdict."""
+    """Decide (and, with slurm, carry out) the drains for this verdict; one Action per node.
+
+    ``path`` is "central" (the analysis), "fast" (the node epilog) or "offline". The
+    caller records the returned actions with the verdict (``Store.record_actions``).
+    """
+    cands = candidates(verdict)
+    if not cands:
+        return []
+    ids = job_ids(verdict, job or {})
     acts: list[Action] = []
-    for node, action, reason in candidates(verdict):
+    for node, action, reason in cands:
         kind = "reboot" if action in ("reboot", "reset") and cfg.drain.reboot else "drain"
+        act = Action(kind=kind, node=node, reason=reason, applied=False)
         if slurm is None:
-            acts.append(Action(kind=kind, node=node, reason=reason, applied=False, blocked_by="offline analysis"))
+            act.blocked_by = BLOCK_OFFLINE
         elif not cfg.drain.enabled:
-            acts.append(Action(kind=kind, node=node, reason=reason, applied=False, blocked_by="drain disabled"))
+            act.blocked_by = BLOCK_DISABLED
+        elif store is None:
+            act.blocked_by = BLOCK_NO_STORE
         else:
-            acts.append(Action(kind=kind, node=node, reason=reason, applied=False, blocked_by="not implemented"))
+            try:
+                _decide(cfg, act, ids, slurm, store, path)
+            except StoreError as err:
+                act.applied, act.blocked_by = False, f"store error: {err}"[:200]
+            except Exception as err:  # noqa: BLE001 - one node's surprise must not cost the others' decisions
+                log.exception("drain decision for %s failed", node)
+                act.applied, act.blocked_by = False, f"error: {type(err).__name__}: {err}"[:200]
+        log.info("job %s: %s %s -> %s", verdict.job_id, act.kind, node,
+                 "applied" if act.applied else f"blocked ({act.blocked_by})")
+        acts.append(act)
     return acts
+
+
+def _read_node(slurm: Any, node: str) -> tuple[NodeState | None, str | None]:
+    try:
+        rec = slurm.show_node(node)
+    except SlurmError as err:
+        return None, f"slurm error: {err}"[:200]
+    if not rec:
+        return None, "node unknown to Slurm"
+    return NodeState.from_record(rec), None
+
+
+def _decide(cfg: Config, act: Action, ids: list[str], slurm: Any, store: Any, path: str) -> None:
+    node = act.node or ""
+    st, err = _read_node(slurm, node)
+    if st is None:
+        act.blocked_by = err
+        return
+    if st.out_of_service:
+        if st.ours:
+            act.blocked_by = BLOCK_ALREADY
+        else:
+            act.blocked_by = f"{NOT_OURS}: {st.describe()}"[:200]
+        return
+    if store.ledger_has(node, ids):
+        # We drained it for this job before and someone (a person) resumed it since: respect that.
+        act.blocked_by = BLOCK_ALREADY
+        return
+    from .breaker import Breaker  # breaker builds on this module's NodeState
+
+    brk = Breaker(store, cfg.drain)
+    if brk.tripped():
+        act.blocked_by = BLOCK_BREAKER
+        return
+    if cfg.drain.dry_run:
+        act.blocked_by = BLOCK_DRY_RUN
+        return
+    claim, why = brk.claim(node, ids[-1], act.kind, path, act.reason, slurm, st.partitions, ids)
+    if claim is None:
+        act.blocked_by = why
+        return
+    used, err = _carry_out(slurm, node, act.kind, act.reason)
+    if err is not None:
+        store.ledger_settle(claim, "released")
+        act.blocked_by = err
+        return
+    act.kind = used
+    act.applied = True
+    store.ledger_settle(claim, "applied", kind=used)
+
+
+def _carry_out(slurm: Any, node: str, kind: str, reason: str) -> tuple[str, str | None]:
+    """Drain (or reboot) and judge by re-reading the state, not by the exit code."""
+    used = kind
+    try:
+        if kind == "reboot":
+            try:
+                slurm.reboot(node, reason, nextstate="DOWN")
+            except SlurmError as err:
+                # No RebootProgram, or a Slurm that refuses: a drain still keeps jobs off the node.
+                log.warning("reboot of %s refused (%s); draining instead", node, err)
+                used = "drain"
+                slurm.drain(node, reason)
+        else:
+            slurm.drain(node, reason)
+    except SlurmError as err:
+        return used, f"slurm error: {err}"[:200]
+    st, err = _read_node(slurm, node)
+    if st is None:
+        return used, err
+    if not st.drained or not st.ours:
+        return used, f"slurm did not drain it (state {'+'.join(sorted(st.words)) or '?'}, reason {st.reason!r})"[:200]
+    return used, None
+
+
+# -- operators: undrain ------------------------------------------------------------------
+
+
+@dataclass
+class UndrainResult:
+    node: str
+    ok: bool
+    message: str
+    skipped: bool = False  # nothing to do (not drained)
+
+
+def undrain(slurm: Any, store: Any, nodes: Iterable[str], why: str, actor: str,
+            settle_s: float = 5.0, poll_s: float = 0.2) -> list[UndrainResult]:
+    """Resume nodes that we drained, one at a time, judging each by re-reading its state.
+
+    A node drained or down for a reason that does not start with ``SATTR:`` is refused;
+    every attempt is recorded with who asked and why.
+    """
+    out: list[UndrainResult] = []
+    for node in nodes:
+        st, err = _read_node(slurm, node)
+        if st is None:
+            out.append(UndrainResult(node, False, err or "unknown node"))
+            continue
+        if not st.out_of_service:
+            out.append(UndrainResult(node, True, f"{node} is not drained ({'+'.join(sorted(st.words)).lower()}): nothing to do",
+                                     skipped=True))
+            continue
+        if not st.ours:
+            msg = (f"{node} refused: drained by someone else ({st.describe()}); sattr resumes only nodes whose "
+                   f"reason starts with {PREFIX}. Use scontrol if you mean it.")
+            store.record_undrain(node, "", st.reason, why, actor, ok=False, detail="not our drain")
+            out.append(UndrainResult(node, False, msg))
+            continue
+        try:
+            slurm.resume(node)
+        except SlurmError as err:
+            # rc is not trusted (a list resume fails while resuming some): the re-read decides.
+            log.info("resume %s: %s", node, err)
+        deadline = time.monotonic() + settle_s
+        while True:
+            after, err = _read_node(slurm, node)
+            if after is not None and not after.drained:
+                break
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(poll_s)
+        ok = after is not None and not after.drained
+        detail = "resumed" if ok else (err or f"still {'+'.join(sorted(after.words)).lower() if after else '?'}")
+        store.record_undrain(node, reason_job(st.reason) or "", st.reason, why, actor, ok=ok, detail=detail)
+        out.append(UndrainResult(node, ok, f"{node} resumed (was: {st.reason})" if ok else f"{node}: resume did not take: {detail}"))
+    return out

@@ -1,0 +1,504 @@
+"""Commands for operators: list, nodes, drains, undrain, breaker, reanalyze.
+
+Admins (root, SlurmUser, members of [access] admin_group) see everything. Other
+users may only `sattr list` their own jobs, and only where the verdict database
+is readable to them; `sattr JOBID` always works for their own jobs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+import click
+
+from .. import access, drain
+from ..breaker import Breaker
+from ..errors import NotFound, PermissionDenied, SattrError, SlurmError
+from ..model import domain_of
+from ..slurm import default_backend
+from ..store import Store
+from . import main
+from .options import echo_json, handle_errors, json_option, load_config, use_color
+
+_SPAN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_COLORS = {"hardware": "31", "network": "35", "user": "33", "scheduler": "36", "infrastructure": "34",
+           "none": "32", "unknown": "37"}
+
+
+def parse_since(value: str | None, now: float | None = None) -> float | None:
+    """``1d``, ``12h``, ``30m``, ``2w`` (ago) or an ISO date/time -> epoch seconds."""
+    if value is None or value == "":
+        return None
+    now = time.time() if now is None else now
+    m = _SPAN.match(value)
+    if m:
+        return now - float(m.group(1)) * _UNITS[m.group(2)]
+    try:
+        dt = datetime.fromisoformat(value.strip())
+    except ValueError as err:
+        raise click.BadParameter(f"{value!r}: use a span such as 1d, 12h, 30m, 2w, or an ISO date/time") from err
+    if dt.tzinfo is None:
+        dt = dt.astimezone()  # local time, as Slurm prints it
+    return dt.timestamp()
+
+
+def _since_option(default: str) -> Any:
+    return click.option("--since", default=default, show_default=True,
+                        help="How far back: a span (1d, 12h, 30m, 2w) or an ISO date/time.")
+
+
+def _iso(ts: Any) -> str:
+    if ts in (None, ""):
+        return "-"
+    return datetime.fromtimestamp(float(ts), timezone.utc).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _color(text: str, domain: str) -> str:
+    return f"\x1b[{_COLORS.get(domain, '0')}m{text}\x1b[0m" if use_color() else text
+
+
+def _actor() -> str:
+    uid, name = access.caller()
+    sudo = os.environ.get("SUDO_USER")
+    return f"{name} (sudo from {sudo})" if uid == 0 and sudo and sudo != name else name
+
+
+def _require_admin(cfg: Any, command: str) -> None:
+    uid, name = access.caller()
+    if not access.is_admin(cfg, uid, name):
+        group = f", members of {cfg.access.admin_group}" if cfg.access.admin_group else ""
+        raise PermissionDenied(f"`sattr {command}` is for admins (root, SlurmUser{group}); "
+                               "see your own job's verdict with `sattr JOBID`")
+
+
+def _open_store(cfg: Any) -> Store:
+    if not os.path.exists(cfg.paths.database):
+        raise NotFound(f"no verdict database at {cfg.paths.database} yet: no job has been analysed")
+    return Store(cfg.paths.database)
+
+
+def _table(rows: list[list[str]], headers: list[str]) -> str:
+    """Plain aligned columns; the last column is never padded (summaries, reasons)."""
+    if not rows:
+        return ""
+    cells = [headers] + rows
+    widths = [max(len(_plain(r[i])) for r in cells) for i in range(len(headers) - 1)]
+    out = []
+    for r in cells:
+        parts = [r[i] + " " * (widths[i] - len(_plain(r[i]))) for i in range(len(headers) - 1)]
+        out.append("  ".join(parts + [r[-1]]).rstrip())
+    return "\n".join(out)
+
+
+def _plain(s: str) -> str:
+    return re.sub(r"\x1b\[[0-9;]*m", "", s)
+
+
+# -- list -------------------------------------------------------------------------------
+
+
+@main.command("list")
+@_since_option("7d")
+@click.option("--user", "user", help="Only this user's jobs.")
+@click.option("--cause", help="Only this cause word (gpu_hardware, user_error, ...).")
+@click.option("--node", help="Only jobs that ran on this node.")
+@click.option("--limit", default=200, show_default=True, help="At most this many jobs, newest first.")
+@json_option
+@click.pass_context
+@handle_errors
+def list_jobs(ctx: click.Context, since: str, user: str | None, cause: str | None, node: str | None, limit: int,
+              as_json: bool) -> None:
+    """List analysed jobs, newest first, with their verdicts.
+
+    Users who are not admins see only their own jobs (where the verdict database
+    is readable to them).
+
+    Example:
+
+        sattr list --since 1d --cause gpu_hardware
+
+        sattr list --node n2 --json
+    """
+    cfg = load_config(ctx)
+    uid, name = access.caller()
+    if not access.is_admin(cfg, uid, name):
+        if user and user != name:
+            raise PermissionDenied(f"you can list only your own jobs (you are {name})")
+        if not access.can_read_database(cfg.paths.database):
+            raise PermissionDenied("the verdict database is readable only by admins here: "
+                                   "use `sattr JOBID` for one of your jobs (it reads the job's comment)")
+        user = name
+    store = _open_store(cfg)
+    rows = store.jobs(since=parse_since(since), user=user, cause=cause, node=node, limit=limit)
+    out = []
+    for r in rows:
+        out.append({
+            "job_id": r["job_id"], "user": r.get("user"), "partition": r.get("partition"), "state": r.get("state"),
+            "nodes": json.loads(r.get("nodes") or "[]"), "cause": r.get("cause"), "domain": r.get("domain"),
+            "culprit_nodes": json.loads(r.get("culprit_nodes") or "[]"), "summary": r.get("summary") or "",
+            "analyzed_at": _iso(r.get("analyzed_at")) if r.get("analyzed_at") else None,
+        })
+    if as_json:
+        echo_json(out)
+        return
+    if not out:
+        click.echo("no analysed jobs match", err=True)
+        return
+    table = [[o["job_id"], o["user"] or "-", o["state"] or "-", _color(o["cause"] or "?", o["domain"] or "unknown"),
+              ",".join(o["culprit_nodes"]) or "-", o["analyzed_at"] or "-", o["summary"][:90]] for o in out]
+    click.echo(_table(table, ["JOB", "USER", "STATE", "CAUSE", "CULPRIT", "ANALYSED", "SUMMARY"]))
+
+
+# -- nodes ------------------------------------------------------------------------------
+
+
+def node_report(store: Store, since: float | None, slurm_nodes: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """Per node and GPU: verdicts it was the culprit of, trusted hardware symptoms, recurrence,
+    current drain state. Worst first."""
+    since = since or 0.0
+    nodes: dict[str, dict[str, Any]] = {}
+
+    def entry(n: str) -> dict[str, Any]:
+        return nodes.setdefault(n, {"node": n, "jobs": 0, "culprit_of": {}, "hardware_symptoms": 0,
+                                    "hardware_jobs": set(), "gpus": {}, "state": None, "reason": None})
+
+    for r in store.db.query("select j.nodes, v.cause, v.culprit_nodes from jobs j join verdicts v on v.job_id = j.job_id "
+                            "where v.analyzed_at >= ?", [since]):
+        for n in json.loads(r["nodes"] or "[]"):
+            entry(n)["jobs"] += 1
+        for n in json.loads(r["culprit_nodes"] or "[]"):
+            e = entry(n)
+            e["culprit_of"][r["cause"]] = e["culprit_of"].get(r["cause"], 0) + 1
+    for r in store.db.query("select node, gpu, rule_id, cause, job_id from symptoms where trusted = 1 and node is not null "
+                            "and seen_at >= ?", [since]):
+        if domain_of(r["cause"]) != "hardware":
+            continue
+        e = entry(r["node"])
+        e["hardware_symptoms"] += 1
+        e["hardware_jobs"].add(r["job_id"])
+        g = e["gpus"].setdefault(r["gpu"] or "-", {})
+        g.setdefault(r["rule_id"], set()).add(r["job_id"])
+    for rec in slurm_nodes or []:
+        st = drain.NodeState.from_record(rec)
+        if not st.name:
+            continue
+        e = entry(st.name)
+        e["state"] = "+".join(sorted(w.lower() for w in st.words)) or None
+        e["reason"] = st.reason or None
+        e["drained_by_us"] = st.out_of_service and st.ours
+    out = []
+    for e in nodes.values():
+        gpus = []
+        for gpu, rules in sorted(e["gpus"].items()):
+            rec = {rule: len(jobs) for rule, jobs in sorted(rules.items())}
+            gpus.append({"gpu": gpu, "symptoms": rec, "recurring": sorted(r for r, n in rec.items() if n > 1)})
+        out.append({
+            "node": e["node"], "jobs": e["jobs"], "culprit_of": dict(sorted(e["culprit_of"].items())),
+            "hardware_symptoms": e["hardware_symptoms"], "hardware_jobs": len(e["hardware_jobs"]), "gpus": gpus,
+            "recurring": any(g["recurring"] for g in gpus) or len(e["hardware_jobs"]) > 1,
+            "state": e["state"], "reason": e["reason"], "drained_by_us": bool(e.get("drained_by_us")),
+        })
+    out.sort(key=lambda e: (-e["hardware_jobs"], -sum(e["culprit_of"].values()), not e["drained_by_us"],
+                            -e["jobs"], e["node"]))
+    return out
+
+
+def _slurm_nodes(cfg: Any) -> tuple[list[dict[str, Any]] | None, str | None]:
+    try:
+        return default_backend(cfg.paths.slurm_bin, cfg.paths.slurm_conf).nodes(), None
+    except SlurmError as err:
+        return None, str(err)
+
+
+@main.command()
+@_since_option("30d")
+@json_option
+@click.pass_context
+@handle_errors
+def nodes(ctx: click.Context, since: str, as_json: bool) -> None:
+    """Per node and GPU: verdicts, hardware symptoms, recurrence and drain state, worst first.
+
+    A GPU whose symptom recurs across jobs is a lemon candidate. Admins only.
+
+    Example:
+
+        sattr nodes --since 7d
+    """
+    cfg = load_config(ctx)
+    _require_admin(cfg, "nodes")
+    store = _open_store(cfg)
+    slurm_nodes, err = _slurm_nodes(cfg)
+    report = node_report(store, parse_since(since), slurm_nodes)
+    if as_json:
+        echo_json(report)
+        return
+    if err:
+        click.echo(f"(Slurm not reachable, drain state unknown: {err})", err=True)
+    if not report:
+        click.echo("no nodes seen yet", err=True)
+        return
+    rows = []
+    for e in report:
+        culprit = ", ".join(f"{c} {n}" for c, n in e["culprit_of"].items()) or "-"
+        state = e["state"] or "?"
+        if e["reason"]:
+            state += f" ({e['reason']})"
+        rows.append([e["node"], str(e["jobs"]), culprit, f"{e['hardware_symptoms']} in {e['hardware_jobs']} jobs"
+                     if e["hardware_symptoms"] else "-", "yes" if e["recurring"] else "-", state])
+        for g in e["gpus"]:
+            syms = ", ".join(f"{r} x{n}" for r, n in g["symptoms"].items())
+            rows.append([f"  gpu {g['gpu']}", "", "", syms, ", ".join(g["recurring"]) or "-", ""])
+    click.echo(_table(rows, ["NODE", "JOBS", "CULPRIT OF", "HARDWARE SYMPTOMS", "RECURRING", "STATE"]))
+
+
+# -- drains -----------------------------------------------------------------------------
+
+
+def drain_history(store: Store, since: float | None) -> list[dict[str, Any]]:
+    """Every drain decision (applied, blocked, dry-run) and every undrain, newest first."""
+    out: list[dict[str, Any]] = []
+    for a in store.actions(since=since, limit=5000):
+        out.append({"time": a["decided_at"], "event": a["kind"], "node": a["node"], "job_id": a["job_id"],
+                    "applied": bool(a["applied"]), "blocked_by": a["blocked_by"], "path": a["path"],
+                    "actor": a["actor"], "reason": a["reason"]})
+    for u in store.undrains(since=since, limit=5000):
+        out.append({"time": u["at"], "event": "undrain", "node": u["node"], "job_id": u["job_id"] or None,
+                    "applied": bool(u["ok"]), "blocked_by": None if u["ok"] else u["detail"], "path": "manual",
+                    "actor": u["actor"], "reason": u["why"], "drain_reason": u["drain_reason"]})
+    out.sort(key=lambda r: r["time"] or 0, reverse=True)
+    return out
+
+
+@main.command()
+@_since_option("7d")
+@json_option
+@click.pass_context
+@handle_errors
+def drains(ctx: click.Context, since: str, as_json: bool) -> None:
+    """Drain history: every decision (applied, blocked, dry-run) and who undrained what, and why.
+
+    Admins only.
+
+    Example:
+
+        sattr drains --since 1d
+    """
+    cfg = load_config(ctx)
+    _require_admin(cfg, "drains")
+    store = _open_store(cfg)
+    hist = drain_history(store, parse_since(since))
+    brk = store.breaker()
+    if as_json:
+        echo_json({"decisions": [dict(h, time=_iso(h["time"])) for h in hist],
+                   "breaker": {"tripped": bool(brk["tripped"]), "why": brk["why"], "tripped_at": _iso(brk["tripped_at"]),
+                               "reset_at": _iso(brk["reset_at"]), "reset_by": brk["reset_by"]}})
+        return
+    if brk["tripped"]:
+        click.echo(_color(f"circuit breaker TRIPPED since {_iso(brk['tripped_at'])}: {brk['why']}", "hardware"))
+        click.echo("  automatic drains are alert-only until `sattr breaker reset`\n")
+    if not hist:
+        click.echo("no drain decisions in that period", err=True)
+        return
+    rows = []
+    for h in hist:
+        result = ("applied" if h["applied"] else f"blocked: {h['blocked_by']}") if h["event"] != "undrain" else \
+            ("resumed" if h["applied"] else f"refused: {h['blocked_by']}")
+        rows.append([_iso(h["time"]), h["node"] or "-", h["event"], result, h["job_id"] or "-", h["path"] or "-",
+                     h["actor"] or "-", h["reason"] or ""])
+    click.echo(_table(rows, ["TIME", "NODE", "ACTION", "RESULT", "JOB", "PATH", "BY", "REASON / WHY"]))
+
+
+# -- undrain ----------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("node_names", metavar="NODE...", nargs=-1, required=True)
+@click.option("--reason", required=True, help="Why the node may go back into service (recorded with your name).")
+@click.pass_context
+@handle_errors
+def undrain(ctx: click.Context, node_names: tuple[str, ...], reason: str) -> None:
+    """Resume nodes that sattr drained (reason starting SATTR:), one at a time.
+
+    A node drained or down for any other reason is refused: it is someone else's.
+    Each node's state is re-read after the resume. Who and why go to the store.
+    Exits non-zero when any node was refused or did not resume. Admins only.
+
+    Example:
+
+        sattr undrain n2 --reason "dcgmi diag -r 3 passed, GPU reseated"
+    """
+    cfg = load_config(ctx)
+    _require_admin(cfg, "undrain")
+    if not reason.strip():
+        raise click.BadParameter("give a reason", param_hint="--reason")
+    from ..slurm.hostlist import expand
+
+    names: list[str] = []
+    for n in node_names:
+        names.extend(x for x in expand(n) if x not in names)
+    store = Store(cfg.paths.database)
+    slurm = default_backend(cfg.paths.slurm_bin, cfg.paths.slurm_conf)
+    results = drain.undrain(slurm, store, names, reason.strip(), _actor())
+    failed = 0
+    for r in results:
+        click.echo(r.message, err=not r.ok)
+        failed += not r.ok
+    if failed:
+        raise SattrError(f"{failed} of {len(results)} node(s) not resumed")
+
+
+# -- breaker ----------------------------------------------------------------------------
+
+
+@main.group()
+def breaker() -> None:
+    """The drain circuit breaker: status, and reset after a person has looked.
+
+    Example:
+
+        sattr breaker status
+
+        sattr breaker reset --reason "bad driver rolled back"
+    """
+
+
+@breaker.command("status")
+@json_option
+@click.pass_context
+@handle_errors
+def breaker_status(ctx: click.Context, as_json: bool) -> None:
+    """Whether the breaker is tripped, why, and how close the limits are. Admins only.
+
+    Example:
+
+        sattr breaker status --json
+    """
+    cfg = load_config(ctx)
+    _require_admin(cfg, "breaker status")
+    store = Store(cfg.paths.database)
+    try:
+        slurm = default_backend(cfg.paths.slurm_bin, cfg.paths.slurm_conf)
+    except SattrError:
+        slurm = None
+    st = Breaker(store, cfg.drain).status(slurm)
+    if as_json:
+        echo_json(st)
+        return
+    if st["tripped"]:
+        click.echo(_color("TRIPPED", "hardware") + f" since {_iso(st['tripped_at'])}: {st['why']}")
+        click.echo("  automatic drains are recorded as blocked (alert-only) until `sattr breaker reset`")
+    else:
+        click.echo(_color("closed", "none") + (f" (last reset {_iso(st['reset_at'])} by {st['reset_by']})"
+                                               if st["reset_at"] else ""))
+    mode = "disabled" if not st["enabled"] else ("dry-run (records, drains nothing)" if st["dry_run"] else "enforcing")
+    click.echo(f"  mode: {mode}")
+    click.echo(f"  drains in window: {st['drains_in_window']} of {st['max_drains']} per {st['window_s']}s")
+    for p in st["partitions"]:
+        held = ", ".join(p["drained_by_us"]) or "none"
+        click.echo(f"  partition {p['partition']}: {len(p['drained_by_us'])} of {p['total']} nodes drained by us "
+                   f"(max {p['allowed']} at {st['max_partition_percent']:g}%): {held}")
+    if st.get("partitions_error"):
+        click.echo(f"  (partition shares unknown: {st['partitions_error']})", err=True)
+
+
+@breaker.command("reset")
+@click.option("--reason", default="", help="Why it is safe to drain automatically again (recorded).")
+@click.pass_context
+@handle_errors
+def breaker_reset(ctx: click.Context, reason: str) -> None:
+    """Close the breaker: automatic drains resume; earlier drains stop counting. Admins only.
+
+    Example:
+
+        sattr breaker reset --reason "checked n1-n3, real hardware faults"
+    """
+    cfg = load_config(ctx)
+    _require_admin(cfg, "breaker reset")
+    store = Store(cfg.paths.database)
+    was = store.breaker()
+    store.reset_breaker(_actor(), reason)
+    if was["tripped"]:
+        click.echo(f"breaker reset (was tripped since {_iso(was['tripped_at'])}: {was['why']})")
+    else:
+        click.echo("breaker was not tripped; the drain window starts afresh")
+
+
+# -- reanalyze --------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("job_ids", metavar="[JOBID]...", nargs=-1)
+@click.option("--since", help="Every job analysed since then: a span (1d, 12h) or an ISO date/time.")
+@json_option
+@click.pass_context
+@handle_errors
+def reanalyze(ctx: click.Context, job_ids: tuple[str, ...], since: str | None, as_json: bool) -> None:
+    """Analyse stored bundles again (after a rule update), replacing their verdicts.
+
+    Runs the whole after-the-job flow: verdict, store, drain policy, job comment.
+    A node already drained for a job is not drained again. Admins only.
+
+    Example:
+
+        sattr reanalyze 1234
+
+        sattr reanalyze --since 2d
+    """
+    from ..postmortem import finish_job
+
+    cfg = load_config(ctx)
+    _require_admin(cfg, "reanalyze")
+    if not job_ids and not since:
+        raise click.UsageError("give job ids or --since")
+    store = _open_store(cfg)
+    wanted = list(job_ids)
+    if since:
+        wanted += [r["job_id"] for r in store.jobs(since=parse_since(since), limit=100_000) if r["job_id"] not in wanted]
+    todo: list[tuple[str, str, str]] = []
+    for jid in wanted:
+        job = store.job(jid)
+        path = job.get("bundle_path") or ""
+        if not path or not os.path.isdir(path):
+            raise NotFound(f"job {jid}: its bundle {path or '(none recorded)'} is gone; nothing to re-analyse")
+        try:
+            before = store.verdict(jid).cause
+        except NotFound:
+            before = "-"
+        todo.append((jid, path, before))
+    # Every node part that will ever arrive is there already.
+    run_cfg = dataclasses.replace(cfg, analysis=dataclasses.replace(cfg.analysis, node_wait_s=0.0))
+    slurm = default_backend(cfg.paths.slurm_bin, cfg.paths.slurm_conf, timeout=10)
+    results = []
+
+    def one(item: tuple[str, str, str]) -> None:
+        jid, path, before = item
+        try:
+            v = finish_job(run_cfg, slurm, store, path)
+            results.append({"job_id": jid, "before": before, "cause": v.cause, "summary": v.summary, "error": None})
+        except (SattrError, OSError) as err:
+            results.append({"job_id": jid, "before": before, "cause": None, "summary": "", "error": str(err)})
+
+    if len(todo) > 1 and not as_json:
+        with click.progressbar(todo, label="re-analysing", file=click.get_text_stream("stderr")) as bar:
+            for item in bar:
+                one(item)
+    else:
+        for item in todo:
+            one(item)
+    if as_json:
+        echo_json(results)
+    else:
+        for r in results:
+            if r["error"]:
+                click.echo(f"{r['job_id']}: failed: {r['error']}", err=True)
+            else:
+                change = "" if r["before"] == r["cause"] else f" (was {r['before']})"
+                click.echo(f"{r['job_id']}: {r['cause']}{change}  {r['summary']}")
+    if any(r["error"] for r in results):
+        raise SattrError(f"{sum(1 for r in results if r['error'])} job(s) could not be re-analysed")

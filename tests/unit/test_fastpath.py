@@ -214,3 +214,35 @@ def test_fast_path_never_creates_a_node_local_database(tmp_path, fake_catalog):
     cfg.paths.database = cfg.paths.database.replace("not-shared", "shared")
     acts = fastpath.run(cfg, "1", "n2", _bundle(tmp_path / "b", kernel=XID79 + "\n"), slurm=slurm)
     assert acts[0].applied and Store(cfg.paths.database).actions("1")[0]["path"] == "fast"
+
+
+def test_program_fault_13_then_109_does_not_drain(tmp_path):
+    """Xid 13 then 109 on one GPU is the program's fault: the fast path leaves the node alone."""
+    from slurm_attr import fastpath
+    from slurm_attr.config import Config
+
+    cfg = Config()
+    bdir = tmp_path / "b"
+    (bdir / "nodes" / "n1").mkdir(parents=True)
+    (bdir / "nodes" / "n1" / "kernel.log").write_text(
+        "2026-11-30T10:00:00+00:00 h kernel: NVRM: Xid (PCI:0000:3b:00): 13, pid=4242, name=python, "
+        "Graphics Exception: ESR 0x504648=0x2000d\n"
+        "2026-11-30T10:00:01+00:00 h kernel: NVRM: Xid (PCI:0000:3b:00): 109, pid=4242, name=python, "
+        "Ch 00000010, errorString CTX SWITCH TIMEOUT, Info 0x1c069\n")
+
+    touched: list[str] = []
+
+    class Recorder:
+        # run() swallows exceptions (the epilog must exit 0), so record instead of raising.
+        def __getattr__(self, name):
+            touched.append(name)
+            raise AttributeError(name)
+
+    assert fastpath.run(cfg, "7", "n1", str(bdir), slurm=Recorder(), store=Recorder()) == []
+    assert touched == []
+    # Xid 109 alone (no 13 before it) is a GPU reset: the policy is consulted.
+    (bdir / "nodes" / "n1" / "kernel.log").write_text(
+        "2026-11-30T10:00:01+00:00 h kernel: NVRM: Xid (PCI:0000:3b:00): 109, pid=4242, name=python, "
+        "Ch 00000010, errorString CTX SWITCH TIMEOUT, Info 0x1c069\n")
+    fastpath.run(cfg, "7", "n1", str(bdir), slurm=Recorder(), store=Recorder())
+    assert touched != []

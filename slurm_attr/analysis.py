@@ -47,6 +47,10 @@ def run_bundle(path: str, cfg: Config, history: object | None = None) -> Verdict
         symptoms.extend(s)
         coverage.extend(c)
     coverage.extend(bundle.coverage)  # job.json problems etc.
-    v = verdict_mod.decide(bundle.job, symptoms, coverage, history=history)  # type: ignore[arg-type]
+    # The rank map may come from the node collectors rather than job.json: decide sees the same.
+    job = dict(bundle.job)
+    if "ranks" not in job and bundle.ranks():
+        job["ranks"] = {str(r): n for r, n in bundle.ranks().items()}
+    v = verdict_mod.decide(job, symptoms, coverage, history=history)  # type: ignore[arg-type]
     log.debug("analysed %s in %.0f ms", path, (time.monotonic() - t0) * 1000)
     return v

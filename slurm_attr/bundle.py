@@ -34,6 +34,18 @@ NODE_KINDS = ("fr", "probe", "nccl")
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
+def parse_ranks(raw: Any) -> dict[int, str]:
+    """job.json's ``ranks`` ({"0": "n1", ...}) as {0: "n1"}, ignoring malformed entries."""
+    out: dict[int, str] = {}
+    if isinstance(raw, dict):
+        for k, v in raw.items():
+            try:
+                out[int(k)] = str(v)
+            except (TypeError, ValueError):
+                continue
+    return out
+
+
 def valid_node_name(name: str) -> bool:
     return bool(_NODE_NAME.match(name))
 
@@ -95,15 +107,7 @@ class Bundle:
         return per_step[best]
 
     def _job_ranks(self) -> dict[int, str]:
-        out: dict[int, str] = {}
-        raw = self.job.get("ranks")
-        if isinstance(raw, dict):
-            for k, v in raw.items():
-                try:
-                    out[int(k)] = str(v)
-                except (TypeError, ValueError):
-                    continue
-        return out
+        return parse_ranks(self.job.get("ranks"))
 
     def node_of_rank(self, rank: int | None) -> str | None:
         if rank is None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Protocol, Sequence
 
 from .model import CAUSES, ROLES, Coverage, Symptom, Verdict
+from .bundle import parse_ranks
 
 log = logging.getLogger("slurm_attr")
 
@@ -84,15 +85,7 @@ _XID_CASCADE_WINDOW_S = 60.0
 
 
 def _ranks(job: Mapping[str, Any]) -> dict[int, str]:
-    out: dict[int, str] = {}
-    raw = job.get("ranks")
-    if isinstance(raw, dict):
-        for k, v in raw.items():
-            try:
-                out[int(k)] = str(v)
-            except (TypeError, ValueError):
-                continue
-    return out
+    return parse_ranks(job.get("ranks"))
 
 
 def _seconds(s: Symptom) -> Optional[float]:

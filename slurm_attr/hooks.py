@@ -95,6 +95,11 @@ def controller_main(env: dict[str, str]) -> int:
     job = controller.fetch_job(slurm, job_id)
     if job is None:
         job = {"job_id": job_id, "slurm_job_id": job_id, "nodes": _nodes_from_env(env)}
+    # scontrol's NodeList shrinks as nodes finish COMPLETING (our node epilogs are fast):
+    # the hook's own SLURM_JOB_NODELIST is the whole allocation.
+    env_nodes = _nodes_from_env(env)
+    if env_nodes:
+        job["nodes"] = env_nodes
     job.setdefault("user", env.get("SLURM_JOB_USER"))
     if env.get("SLURM_JOB_UID", "").isdigit():
         job.setdefault("uid", int(env["SLURM_JOB_UID"]))

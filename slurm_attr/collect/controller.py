@@ -118,6 +118,8 @@ def refresh_state(job: dict[str, Any], sacct: dict[str, str] | None) -> dict[str
             job["exit_code"], job["signal"] = ec, sig
         if sacct.get("State", "").startswith("CANCELLED by "):
             job["cancelled_by_uid"] = sacct["State"].split("by ", 1)[1]
+        if not job.get("nodes") and sacct.get("NodeList"):
+            job["nodes"] = expand(sacct["NodeList"])
     return job
 
 

@@ -71,3 +71,9 @@ def test_scheduler_lines_only_about_this_job(tmp_path):
     assert lines == ["slurmctld.log: [t] _job_complete: JobId=12 WEXITSTATUS 1",
                      "slurmctld.log: [t] [12.0] done with job",
                      "slurmctld.log: [t] Time limit exhausted for JobId=12"]
+
+
+def test_refresh_fills_nodes_from_accounting():
+    job = {"nodes": []}
+    controller.refresh_state(job, {"State": "FAILED", "ExitCode": "1:0", "NodeList": "n[2-3]"})
+    assert job["nodes"] == ["n2", "n3"]

@@ -68,7 +68,7 @@ PYTHON=$(command -v python3)
 if "$PYTHON" -c 'import torch' 2>/dev/null; then
     {
         echo '#!/bin/bash'
-        echo '#SBATCH -N2 -n4 -t 3 --job-name=demo-fr'
+        echo '#SBATCH -N2 -n4 -t 3 --job-name=demo-fr --exclude=n2'
         echo 'export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))'
         echo "srun -l $PYTHON $REPO/cluster/jobs/fr_train.py --fault size --rank 3 --step 3"
     } > "$WORK/fr.sh"

@@ -72,13 +72,27 @@ def _write(path: str, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def _job_dir_start(root: str, job_id: str) -> float | None:
-    """The job dir is created at the first step's launch: its ctime bounds the job's start."""
+def _job_start_hint(root: str, job_id: str) -> float | None:
+    """When the job's first step started on this node: the earliest ctime of the job's dir
+    and of the plugin's rank-map files (root-owned, created as each step's tasks launch).
+    Either may be gone (opted out, or another node's epilog removed a shared dir)."""
+    times = []
     try:
         st = os.lstat(os.path.join(root, job_id))
+        if stat.S_ISDIR(st.st_mode):
+            times.append(st.st_ctime)
     except OSError:
-        return None
-    return st.st_ctime if stat.S_ISDIR(st.st_mode) else None
+        pass
+    try:
+        for name, kind in safefs.list_dir(root):
+            if kind == "file" and name.startswith(f"{job_id}.ranks."):
+                try:
+                    times.append(os.lstat(os.path.join(root, name)).st_ctime)
+                except OSError:
+                    continue
+    except UnsafePath:
+        pass
+    return min(times) if times else None
 
 
 def copy_kind(job_dir: str, kind: str, dest: str, total_cap: int, file_cap: int, max_files: int,
@@ -200,7 +214,7 @@ def collect_node(cfg: Config, job: NodeJob) -> dict[str, Any]:
     sources: dict[str, dict[str, Any]] = {}
 
     # 1. Kernel log: trusted, the evidence a drain rests on. First, so a slow job dir cannot starve it.
-    start = job.start or _job_dir_start(cfg.paths.evidence_root, job.job_id) or (job.end - DEFAULT_WINDOW_S)
+    start = job.start or _job_start_hint(cfg.paths.evidence_root, job.job_id) or (job.end - DEFAULT_WINDOW_S)
     tk = time.monotonic()
     win = kernel.read_window(c.kernel_source, c.kernel_file, job.node, start - c.window_slack_s,
                              job.end + c.window_slack_s, c.kernel_cap_bytes,

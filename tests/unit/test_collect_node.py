@@ -129,3 +129,15 @@ def test_rank_map_symlink_is_ignored(cfg, tmp_path):
     doc = collect_node(cfg, NodeJob(job_id="42", node="n1", bundle_key="42"))
     assert doc["ranks"] == {}
     assert other.exists()
+
+
+def test_kernel_window_starts_at_the_jobs_first_step(cfg, tmp_path):
+    """Without the job dir (a shared root another node cleaned), the rank map dates the start:
+    an Xid from an earlier job on this node stays out of the window."""
+    cfg.collect.window_slack_s = 2
+    old = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(time.time() - 600))
+    (tmp_path / "kern-n1.log").write_text(f"{old} h kernel: NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.\n")
+    with open(os.path.join(cfg.paths.evidence_root, "42.ranks.0.0"), "w") as f:
+        f.write("0 0 0 n1\n")
+    collect_node(cfg, NodeJob(job_id="42", node="n1", bundle_key="42"))
+    assert open(os.path.join(_node_part(cfg), "kernel.log")).read() == ""

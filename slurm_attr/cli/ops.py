@@ -473,7 +473,7 @@ def reanalyze(ctx: click.Context, job_ids: tuple[str, ...], since: str | None, a
         todo.append((jid, path, before))
     # Every node part that will ever arrive is there already.
     run_cfg = dataclasses.replace(cfg, analysis=dataclasses.replace(cfg.analysis, node_wait_s=0.0))
-    slurm = default_backend(cfg.paths.slurm_bin, cfg.paths.slurm_conf, timeout=10)
+    slurm = default_backend(cfg.paths.slurm_bin, cfg.paths.slurm_conf, timeout=10, comment_tool=cfg.paths.comment_tool)
     results = []
 
     def one(item: tuple[str, str, str]) -> None:

@@ -47,6 +47,15 @@ def run_bundle(path: str, cfg: Config, history: object | None = None) -> Verdict
         symptoms.extend(s)
         coverage.extend(c)
     coverage.extend(bundle.coverage)  # job.json problems etc.
+    # The collector and the analyser of a source may both report the same gap: say it once.
+    seen: set[tuple[str, str | None, str]] = set()
+    unique = []
+    for c in coverage:
+        key = (c.source, c.node, c.status)
+        if c.status == "ok" or key not in seen:
+            unique.append(c)
+        seen.add(key)
+    coverage = unique
     # The rank map may come from the node collectors rather than job.json: decide sees the same.
     job = dict(bundle.job)
     if "ranks" not in job and bundle.ranks():

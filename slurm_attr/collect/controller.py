@@ -133,12 +133,18 @@ def tail_output(path: str, uid: int | None, cap: int) -> tuple[bytes, str, str]:
     if not path or not os.path.isabs(path):
         return b"", "missing", "no path"
     try:
-        res = safefs.read_file(os.path.dirname(path), os.path.basename(path), cap, tail=True)
-        st_uid = os.stat(path, follow_symlinks=False).st_uid
-    except (UnsafePath, OSError) as err:
+        fd = safefs.open_file(os.path.dirname(path), os.path.basename(path))
+    except UnsafePath as err:
         return b"", "missing", str(err)
-    if uid is not None and st_uid != uid:
-        return b"", "error", f"{path} is not owned by the job's user"
+    try:
+        # The owner of the very file we read (fstat, not a second lookup by name).
+        if uid is not None and os.fstat(fd).st_uid != uid:
+            return b"", "error", f"{path} is not owned by the job's user"
+        res = safefs.read_fd(fd, cap, tail=True)
+    except OSError as err:
+        return b"", "error", str(err)
+    finally:
+        os.close(fd)
     status = "truncated" if res.truncated else "ok"
     return res.data, status, f"kept last {len(res.data)} of {res.size} bytes" if res.truncated else ""
 

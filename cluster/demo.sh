@@ -38,16 +38,20 @@ sleep 1
 printf '%s %s kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=%s, name=python, GPU has fallen off the bus.\n' \
     "$(date +%Y-%m-%dT%H:%M:%S%:z)" "$(hostname -s)" "$$" >> "$BASE/kernel/n2.log"
 
-for _ in $(seq 120); do
-    st=$(sacct -n -P -X -j "$JOB" -o State | head -1)
-    case $st in COMPLETED|FAILED*|CANCELLED*|TIMEOUT|NODE_FAIL) break ;; esac
-    sleep 0.5
-done
-echo "   state: $st"
-
 SATTR=$BASE/venv/bin/sattr
-for _ in $(seq 120); do "$SATTR" show "$JOB" >/dev/null 2>&1 && break; sleep 0.5; done
-for _ in $(seq 60); do sacct -n -P -X -j "$JOB" -o Comment | grep -q 'SATTR1:' && break; sleep 0.5; done
+# Wait until the job ended, its verdict is stored and its Comment carries it; print the state.
+wait_verdict() {
+    local job=$1 st=""
+    for _ in $(seq 180); do
+        st=$(sacct -n -P -X -j "$job" -o State | head -1)
+        case $st in COMPLETED|FAILED*|CANCELLED*|TIMEOUT|NODE_FAIL) break ;; esac
+        sleep 0.5
+    done
+    echo "   state: $st"
+    for _ in $(seq 120); do "$SATTR" show "$job" >/dev/null 2>&1 && break; sleep 0.5; done
+    for _ in $(seq 60); do sacct -n -P -X -j "$job" -o Comment | grep -q 'SATTR1:' && break; sleep 0.5; done
+}
+wait_verdict "$JOB"
 
 echo
 echo "== sattr $JOB"
@@ -76,13 +80,7 @@ if "$PYTHON" -c 'import torch' 2>/dev/null; then
     echo "== submitting a 4-rank torch job with a collective size bug on rank 3"
     JOB2=$(sbatch --parsable "$WORK/fr.sh")
     echo "   job $JOB2"
-    for _ in $(seq 180); do
-        st=$(sacct -n -P -X -j "$JOB2" -o State | head -1)
-        case $st in COMPLETED|FAILED*|CANCELLED*|TIMEOUT|NODE_FAIL) break ;; esac
-        sleep 0.5
-    done
-    for _ in $(seq 120); do "$SATTR" show "$JOB2" >/dev/null 2>&1 && break; sleep 0.5; done
-    for _ in $(seq 60); do sacct -n -P -X -j "$JOB2" -o Comment | grep -q 'SATTR1:' && break; sleep 0.5; done
+    wait_verdict "$JOB2"
     echo
     echo "== sattr $JOB2"
     "$SATTR" "$JOB2" || true

@@ -203,9 +203,7 @@ class _Builder:
             return f"rank {f.rank} skipped {maj} (collective #{f.seq} of {label}): it called {_describe(d, 'culprit')} there, which {others} call next"
         if f.kind == "op":
             return f"rank {f.rank} called {d.get('culprit_op')} where {others} of {label} called {d.get('majority_op')} (collective #{f.seq})"
-        if f.kind == "size":
-            return f"rank {f.rank} passed {_describe(d, 'culprit')} where {others} of {label} passed {maj} (collective #{f.seq})"
-        if f.kind == "dtype":
+        if f.kind in ("size", "dtype"):
             return f"rank {f.rank} passed {_describe(d, 'culprit')} where {others} of {label} passed {maj} (collective #{f.seq})"
         if f.kind == "order":
             return f"rank {f.rank} waits in another group while {label} waits for it at collective #{f.seq}: collectives issued in a different order on different ranks"

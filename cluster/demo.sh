@@ -1,95 +1,115 @@
 #!/usr/bin/env bash
-# `make demo`: a failing 2-node job on the local Slurm, then what slurm-attr says about it.
+# `make demo`: what slurm-attr says about two failing jobs on the local Slurm.
 #
-# This machine has no GPU, so the hardware fault is injected where the node epilog reads
-# the kernel log (the test cluster's kernel source is a file per node): an Xid 79 "fallen
-# off the bus" on n2 while the job's ranks fail the way NCCL jobs do when a peer's GPU dies.
+# 1. A 2-node job whose GPU on n2 falls off the bus. This machine has no GPU, so the fault
+#    is written where n2's node epilog reads its kernel log (the test cluster's kernel source
+#    is a file per node), while the job runs on n2: an Xid 79, as the NVIDIA driver logs it.
+#    The ranks fail the way NCCL jobs do when a peer's GPU dies. slurm-attr names n2 and its
+#    GPU, drains n2 before it can take the next job, and writes the verdict into the Comment.
+# 2. A real 4-rank torch.distributed (Gloo) job where rank 3 all_reduces 1000 elements
+#    instead of 1024: its Flight Recorder dumps go where the SPANK plugin pointed them; the
+#    verdict names the rank, its node and the collective, and `sattr fr` shows the matrix.
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
+VENV=${VENV:-$REPO/.venv}
+case $VENV in /*) ;; *) VENV=$REPO/$VENV ;; esac
 eval "$(bash "$REPO/cluster/testcluster.sh" env)"
 BASE=$SATTR_CLUSTER_BASE
+SATTR=$SATTR_BIN
 WORK=$BASE/work/demo
-mkdir -p "$WORK"; chown sattrtest "$WORK"
+T0=$(date +%s)
+mkdir -p "$WORK"; chown sattrtest "$WORK"; rm -f "$WORK"/fault-injected
+
+step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+say() { printf '   %s\n' "$*"; }
+
+# wait_for DESC SECONDS CMD...: poll CMD every 0.2 s until it succeeds.
+wait_for() {
+    local desc=$1 secs=$2; shift 2
+    local i
+    for ((i = 0; i < secs * 5; i++)); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
+    echo "demo: gave up waiting for $desc after ${secs}s" >&2
+    return 1
+}
+job_state() { sacct -n -P -X -j "$1" -o State 2>/dev/null | head -1 | cut -d' ' -f1; }
+ended() { case $(job_state "$1") in COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY) return 0 ;; esac; return 1; }
+has_comment() { sacct -n -P -X -j "$1" -o Comment | grep -q 'SATTR1:'; }
+# Until the job ended, its verdict is stored and its Comment carries it.
+wait_verdict() {
+    wait_for "job $1 to end" 180 ended "$1"
+    say "state: $(job_state "$1")"
+    wait_for "the verdict of job $1" 90 "$SATTR" show "$1"
+    wait_for "the Comment of job $1" 60 has_comment "$1"
+}
 
 cat > "$WORK/train.sh" <<'EOF'
 #!/bin/bash
-#SBATCH -N2 --job-name=demo-train
-# Rank 1 (on the node whose GPU dies) reports the CUDA error; rank 0 sees its peer vanish.
+#SBATCH -N2 --nodelist=n1,n2 --job-name=demo-train
+# Rank 1 runs on n2: it reports the CUDA error once the GPU is gone; rank 0 then sees its
+# peer vanish and its watchdog times out.
 srun -l bash -c '
   echo "step 100 loss 2.31"
   if [ "$SLURM_PROCID" = 1 ]; then
-    sleep 1
+    for _ in $(seq 150); do [ -e fault-injected ] && break; sleep 0.2; done
     echo "RuntimeError: CUDA error: unspecified launch failure" >&2
     exit 1
   fi
-  sleep 2
+  for _ in $(seq 150); do [ -e fault-injected ] && break; sleep 0.2; done
+  sleep 1
   echo "[rank0]:[E ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=812, OpType=ALLREDUCE, NumelIn=1048576, NumelOut=1048576, Timeout(ms)=600000) ran for 600047 milliseconds before timing out." >&2
   exit 1
 '
 EOF
 chown sattrtest "$WORK/train.sh"
 
-echo "== submitting a 2-node job as user sattrtest"
+step "1. a 2-node training job (user sattrtest) on n1,n2"
 cd "$WORK"
 JOB=$(runuser -u sattrtest -- env SLURM_CONF="$SLURM_CONF" sbatch --parsable --comment="demo run" train.sh)
-echo "   job $JOB"
-# The fault, as the NVIDIA driver logs it on n2 while the job runs.
-sleep 1
-printf '%s %s kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=%s, name=python, GPU has fallen off the bus.\n' \
-    "$(date +%Y-%m-%dT%H:%M:%S%:z)" "$(hostname -s)" "$$" >> "$BASE/kernel/n2.log"
-
-SATTR=$BASE/venv/bin/sattr
-# Wait until the job ended, its verdict is stored and its Comment carries it; print the state.
-wait_verdict() {
-    local job=$1 st=""
-    for _ in $(seq 180); do
-        st=$(sacct -n -P -X -j "$job" -o State | head -1)
-        case $st in COMPLETED|FAILED*|CANCELLED*|TIMEOUT|NODE_FAIL) break ;; esac
-        sleep 0.5
-    done
-    echo "   state: $st"
-    for _ in $(seq 120); do "$SATTR" show "$job" >/dev/null 2>&1 && break; sleep 0.5; done
-    for _ in $(seq 60); do sacct -n -P -X -j "$job" -o Comment | grep -q 'SATTR1:' && break; sleep 0.5; done
-}
+say "job $JOB submitted"
+# Inject only once both ranks are running, so the Xid falls inside the job's window on n2.
+wait_for "job $JOB to run" 120 grep -q '^1: step 100' "$WORK/slurm-$JOB.out"
+say "running on $(squeue -h -j "$JOB" -o %N); both ranks at step 100"
+LINE="NVRM: Xid (PCI:0000:3b:00): 79, pid=$$, name=python, GPU has fallen off the bus."
+printf '%s %s kernel: %s\n' "$(date +%Y-%m-%dT%H:%M:%S%:z)" "$(hostname -s)" "$LINE" >> "$BASE/kernel/n2.log"
+touch "$WORK/fault-injected"
+say "n2's kernel log: $LINE"
 wait_verdict "$JOB"
 
-echo
-echo "== sattr $JOB"
+step "sattr $JOB   (what an admin or the job's user sees)"
 "$SATTR" "$JOB" || true
-echo
-echo "== sacct -j $JOB -o JobID,State,Comment%200"
-sacct -X -j "$JOB" -o JobID,State,Comment%200
-echo
-echo "== sinfo -R"
+step "sinfo -R   (n2 drained by slurm-attr before its next job)"
 sinfo -R -o '%N|%T|%E' | column -t -s '|'
-# Put the demo's node back: only nodes slurm-attr drained are resumed.
-"$SATTR" undrain n2 --reason "demo finished" >/dev/null 2>&1 || true
+step "sacct -j $JOB -o JobID,State,Comment   (the user's comment kept, the verdict after it)"
+sacct -X -j "$JOB" -o JobID,State,Comment%120
+step "sattr undrain n2   (resumes only nodes slurm-attr drained; the demo leaves the cluster clean)"
+"$SATTR" undrain n2 --reason "demo finished"
+wait_for "n2 to be idle" 30 sh -c "sinfo -h -n n2 -o %T | grep -qx idle"
+sinfo -N -n n2 -o '%N %T'
 
-# A second job, when torch is installed: a real 4-rank torch.distributed (Gloo) run where
-# rank 3 all_reduces 1000 elements instead of 1024. Its Flight Recorder dumps go where the
-# SPANK plugin pointed them; the verdict names the rank, its node and the collective.
-PYTHON=$(command -v python3)
-if "$PYTHON" -c 'import torch' 2>/dev/null; then
-    {
-        echo '#!/bin/bash'
-        echo '#SBATCH -N2 -n4 -t 3 --job-name=demo-fr --exclude=n2'
-        echo 'export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))'
-        echo "srun -l $PYTHON $REPO/cluster/jobs/fr_train.py --fault size --rank 3 --step 3"
-    } > "$WORK/fr.sh"
-    echo
-    echo "== submitting a 4-rank torch job with a collective size bug on rank 3"
-    JOB2=$(sbatch --parsable "$WORK/fr.sh")
-    echo "   job $JOB2"
-    wait_verdict "$JOB2"
-    echo
-    echo "== sattr $JOB2"
-    "$SATTR" "$JOB2" || true
-    echo
-    echo "== sattr fr $JOB2"
-    "$SATTR" fr "$JOB2" || true
-    echo
-    echo "== sacct -j $JOB2 -o JobID,State,Comment%200"
-    sacct -X -j "$JOB2" -o JobID,State,Comment%200
-else
-    echo "(torch is not installed: skipping the Flight Recorder job; pip install torch==2.13.0)"
+step "2. a real 4-rank torch (Gloo) job with a collective size bug on rank 3"
+PY=$VENV/bin/python
+if ! "$PY" -c 'import torch' 2>/dev/null; then
+    echo "demo: torch is missing from $VENV (make demo installs it: cluster/deps.sh venv)" >&2
+    exit 1
 fi
+cat > "$WORK/fr.sh" <<EOF
+#!/bin/bash
+#SBATCH -N2 -n4 -t 3 --job-name=demo-fr --nodelist=n3,n4
+export MASTER_PORT=\$((20000 + SLURM_JOB_ID % 20000))
+srun -l $PY $REPO/cluster/jobs/fr_train.py --fault size --rank 3 --step 3
+EOF
+JOB2=$(sbatch --parsable "$WORK/fr.sh")
+say "job $JOB2 submitted"
+wait_verdict "$JOB2"
+step "sattr $JOB2"
+"$SATTR" "$JOB2" || true
+step "sattr fr $JOB2   (Flight Recorder: ranks x collectives, the first divergence marked)"
+"$SATTR" fr "$JOB2" || true
+REPORT=$WORK/report-$JOB2.html
+"$SATTR" report "$JOB2" --html "$REPORT" >/dev/null
+step "sacct -j $JOB2 -o JobID,State,Comment"
+sacct -X -j "$JOB2" -o JobID,State,Comment%120
+
+step "done in $(( $(date +%s) - T0 )) s"
+say "HTML report of job $JOB2: $REPORT"
+say "more: sattr --help; sattr list; sattr nodes; sattr drains"

@@ -3,6 +3,12 @@
 # munge, MariaDB on loopback, slurmdbd, slurmctld and four slurmd (n1..n4) started as
 # root without systemd, with the slurm-attr SPANK plugin and epilogs wired in.
 #
+# Each pretend node runs in its own mount namespace, so it does not share what real nodes do
+# not share: its evidence root, /tmp, /var/tmp and its kernel-log source are private bind
+# mounts of $BASE/nodes/<node>/ (the kernel source of node N is $BASE/kernel/N.log, seen by
+# that node alone as $BASE/node/kernel.log). The spool and the job's working dirs stay
+# shared, as on a real cluster.
+#
 #   cluster/testcluster.sh up       install what is missing, (re)start, wait until idle
 #   cluster/testcluster.sh down     stop only the daemons this script started (by pid)
 #   cluster/testcluster.sh status   what runs
@@ -19,6 +25,7 @@ CONF=$BASE/etc/slurm.conf
 PIDS=$BASE/run/started.pids      # "name pid" per line: what we started and may stop
 VENV=$BASE/venv
 PY=$VENV/bin/python
+NODE_LAYOUT="mountns-v1"
 
 log() { printf 'testcluster: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
@@ -32,22 +39,17 @@ alive() {  # alive PID COMM: running (not zombie) and still the program we start
 }
 
 install_packages() {
-    local need=() p
-    for p in slurmctld slurmd slurm-client slurmdbd mariadb-server munge libslurm-dev gcc make libc6-dev \
-             python3 python3-venv; do
-        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need+=("$p")
-    done
-    [ ${#need[@]} -eq 0 ] && return 0
-    log "installing ${need[*]}"
-    local made_policy=0
-    # Keep postinst scripts from starting daemons; only remove a policy file we created.
-    if [ ! -e /usr/sbin/policy-rc.d ]; then
-        printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d; made_policy=1
-    fi
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-    [ $made_policy = 1 ] && rm -f /usr/sbin/policy-rc.d
-    return 0
+    # One list of what the scripts use, shared with `make demo`/`make test` (cluster/deps.sh).
+    bash "$REPO/cluster/deps.sh" apt
+}
+
+slurm_version() {  # major.minor of the installed Slurm, e.g. 22.05 (slurmd -V needs no config)
+    slurmd -V 2>/dev/null | sed -n 's/^slurm[-a-z]* \([0-9]*\)\.\([0-9]*\).*/\1.\2/p' | head -1
+}
+
+version_ge() {  # version_ge 24.05: the installed Slurm is at least this release
+    local have; have=$(slurm_version)
+    [ "$(printf '%s\n%s\n' "$1" "$have" | sort -V | head -1)" = "$1" ]
 }
 
 src_hash() {
@@ -106,13 +108,21 @@ start_mariadb() {
         mariadb-install-db --no-defaults --user=root --datadir="$data" \
             --auth-root-authentication-method=socket --skip-test-db >"$BASE/log/mariadb-install.log" 2>&1
     fi
-    setsid mariadbd --no-defaults --user=root --datadir="$data" --socket="$sock" --port=$DBPORT \
+    # MariaDB >= 11.6 defaults innodb_snapshot_isolation=ON, under which slurmdbd's concurrent
+    # updates of one job row (our Comment write) fail; older releases lack the option.
+    local extra=()
+    mariadbd --no-defaults --verbose --help 2>/dev/null | grep -q '^innodb-snapshot-isolation' \
+        && extra+=(--innodb-snapshot-isolation=OFF)
+    setsid mariadbd --no-defaults "${extra[@]}" --user=root --datadir="$data" --socket="$sock" --port=$DBPORT \
         --bind-address=127.0.0.1 --pid-file="$BASE/run/mariadbd.pid" --log-error="$BASE/log/mariadbd.err" \
         --innodb-buffer-pool-size=64M --innodb-log-file-size=16M --skip-name-resolve </dev/null >/dev/null 2>&1 9>&- &
     for _ in $(seq 100); do [ -S "$sock" ] && mariadb --no-defaults -S "$sock" -e 'select 1' >/dev/null 2>&1 && break; sleep 0.1; done
     [ -s "$BASE/run/mariadbd.pid" ] || die "mariadbd did not start (see $BASE/log/mariadbd.err)"
     echo "mariadbd $(cat "$BASE/run/mariadbd.pid")" >> "$PIDS"
+    # The database exists before slurmdbd's first start: on an empty MariaDB 11.8, slurmdbd
+    # creating it itself dies in _check_mysql_concat_is_sane.
     mariadb --no-defaults -S "$sock" <<SQL
+CREATE DATABASE IF NOT EXISTS slurm_acct_db;
 CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY 'sattr-test';
 CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY 'sattr-test';
 GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';
@@ -123,9 +133,15 @@ SQL
 write_config() {
     local host; host=$(hostname -s)
     getent hosts "$host" >/dev/null || echo "127.0.0.1 $host" >> /etc/hosts
-    mkdir -p "$BASE"/{etc,run,log,state,spool,hooks,kernel,evidence,attr} "$BASE"/attr/spool
+    mkdir -p "$BASE"/{etc,run,log,state,spool,hooks,kernel,evidence,attr,node} "$BASE"/attr/spool
     chmod 755 "$BASE" "$BASE/evidence"
-    for n in "${NODES[@]}"; do mkdir -p "$BASE/spool/slurmd-$n"; touch "$BASE/kernel/$n.log"; done
+    touch "$BASE/node/kernel.log"   # the mount point of each node's own kernel source
+    for n in "${NODES[@]}"; do
+        mkdir -p "$BASE/spool/slurmd-$n" "$BASE/nodes/$n/evidence" "$BASE/nodes/$n/tmp" "$BASE/nodes/$n/var-tmp"
+        chmod 755 "$BASE/nodes/$n" "$BASE/nodes/$n/evidence"
+        chmod 1777 "$BASE/nodes/$n/tmp" "$BASE/nodes/$n/var-tmp"
+        touch "$BASE/kernel/$n.log"
+    done
 
     # Hook wrappers: slurmd/slurmctld run hooks with a bare environment; these say where
     # the config and the interpreter are, then hand over to the real entry scripts.
@@ -155,7 +171,7 @@ comment_tool = "$BASE/lib/sattr-comment"
 
 [collect]
 kernel_source = "file"
-kernel_file = "$BASE/kernel/%n.log"
+kernel_file = "$BASE/node/kernel.log"
 scheduler_logs = "$BASE/log/slurmctld.log,$BASE/log/slurmd-*.log"
 # Tests inject kernel lines seconds apart on the same pretend nodes: a small slack keeps
 # one test's Xid out of the next job's window (sites keep the 120 s default).
@@ -228,14 +244,23 @@ PrologEpilogTimeout=60
 NodeName=n[1-4] NodeHostname=$host NodeAddr=127.0.0.1 Port=[17001-17004] CPUs=2 RealMemory=1000 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
+    # slurmd >= 24.05 loads a cgroup plugin unless told not to; this host may have no usable
+    # cgroup filesystem, and the cluster's ProctrackType/TaskPlugin need none.
+    if version_ge 24.05; then
+        printf 'CgroupPlugin=disabled\n' > "$BASE/etc/cgroup.conf.new"
+    else
+        echo '# slurmd before 24.05 needs no cgroup settings for this cluster' > "$BASE/etc/cgroup.conf.new"
+    fi
     # Renamed into place: a concurrent reader (a test, a daemon) never sees a half-written file.
-    for f in "$BASE/etc/slurm_attr.toml" "$BASE/etc/plugstack.conf" "$BASE/etc/slurmdbd.conf" "$CONF"; do
+    for f in "$BASE/etc/slurm_attr.toml" "$BASE/etc/plugstack.conf" "$BASE/etc/slurmdbd.conf" "$BASE/etc/cgroup.conf" "$CONF"; do
         if cmp -s "$f.new" "$f"; then rm -f "$f.new"; else mv "$f.new" "$f"; fi
     done
 }
 
 config_hash() {
-    { cat "$CONF" "$BASE/etc/plugstack.conf" "$BASE/etc/slurmdbd.conf" "$BASE/lib/slurm_attr.so" 2>/dev/null || true; } | sha256sum | cut -c1-16
+    # NODE_LAYOUT: how the slurmd are started (their namespaces); a change restarts them.
+    { echo "$NODE_LAYOUT"; cat "$CONF" "$BASE/etc/plugstack.conf" "$BASE/etc/slurmdbd.conf" "$BASE/etc/cgroup.conf" \
+        "$BASE/lib/slurm_attr.so" 2>/dev/null || true; } | sha256sum | cut -c1-16
 }
 
 all_alive() {
@@ -283,7 +308,12 @@ start() {
     start_mariadb
     export SLURM_CONF=$CONF
     slurmdbd 9>&-
-    for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/6819) 2>/dev/null && break; sleep 0.1; done
+    local up=0
+    for _ in $(seq 150); do (exec 3<>/dev/tcp/127.0.0.1/6819) 2>/dev/null && { up=1; break; }; sleep 0.1; done
+    if [ $up = 0 ]; then
+        tail -20 "$BASE/log/slurmdbd.log" >&2 2>/dev/null || true
+        die "slurmdbd's port 6819 never opened (see $BASE/log/slurmdbd.log)"
+    fi
     echo "slurmdbd $(cat "$BASE/run/slurmdbd.pid")" >> "$PIDS"
     # State (job ids, drain reasons) survives restarts; job ids must keep growing because
     # slurmdbd remembers every earlier job. Leftover drains are resumed below.
@@ -292,7 +322,7 @@ start() {
     echo "slurmctld $(cat "$BASE/run/slurmctld.pid")" >> "$PIDS"
     for n in "${NODES[@]}"; do
         rm -f "$BASE/run/slurmd-$n.pid"
-        slurmd -f "$CONF" -N "$n" 9>&-
+        start_slurmd "$n"
     done
     for n in "${NODES[@]}"; do
         # slurmd writes its pid file a moment after daemonizing.
@@ -301,6 +331,19 @@ start() {
     done
     for _ in $(seq 200); do sacctmgr -n -P list cluster 2>/dev/null | grep -q '^sattrtest|' && break; sleep 0.1; done
     config_hash > "$BASE/run/config.hash"
+}
+
+start_slurmd() {  # start_slurmd NODE: slurmd in a mount namespace of its own (see the top)
+    local n=$1 d=$BASE/nodes/$1
+    # slurmd daemonizes: the daemon, its slurmstepds and its epilogs stay in the namespace.
+    unshare -m --propagation private -- sh -c '
+        set -e
+        mount --bind "$1/evidence" "$2/evidence"
+        mount --bind "$1/tmp" /tmp
+        mount --bind "$1/var-tmp" /var/tmp
+        mount --bind "$2/kernel/$3.log" "$2/node/kernel.log"
+        exec slurmd -f "$4" -N "$3"' sh "$d" "$BASE" "$n" "$CONF" 9>&- \
+        || die "slurmd $n did not start in its namespace"
 }
 
 resume_leftovers() {
@@ -353,6 +396,12 @@ up() {
 
 # One `up`/`down` at a time (tests and helpers may call `up` concurrently). The daemons
 # are started with fd 9 closed, or they would hold the lock for their whole life.
+# Daemons must not inherit descriptors from whoever called us (a caller's `flock LOCK cmd`
+# or a test runner's pipes): they would hold that lock or pipe open for their whole life.
+for fd in /proc/$$/fd/*; do
+    fd=${fd##*/}
+    case $fd in 0|1|2|255) ;; *) eval "exec $fd>&-" 2>/dev/null || true ;; esac
+done
 mkdir -p "$BASE"
 exec 9>"$BASE/.lock"
 case ${1:-up} in

@@ -24,18 +24,27 @@ deps: deps-apt
 spank: deps-apt
 	$(MAKE) -C spank all
 
-# Python package, native plugin + probe, hook entry scripts. Then add the plugstack and
-# Epilog/EpilogSlurmctld lines (README, "Install on a cluster").
-install: spank
+# Site install: a venv of Debian's python3 (which refuses `pip install` outside one) at
+# SITE_VENV, `sattr` on PATH, the native plugin + probe + comment tool, the hook scripts (which
+# run SITE_VENV's python). Then add the plugstack and Epilog/EpilogSlurmctld lines (README,
+# "Install on a cluster"). Refused when the headers are not the running Slurm's release.
+SITE_VENV ?= /opt/slurm-attr
+install:
+	@[ -f /usr/include/slurm/spank.h ] || { echo 'make install: apt-get install libslurm-dev gcc make python3-venv' >&2; exit 1; }
 	$(MAKE) -C spank check-version
-	python3 -m pip install .
+	$(MAKE) -C spank all
+	[ -x $(DESTDIR)$(SITE_VENV)/bin/python ] || /usr/bin/python3 -m venv $(DESTDIR)$(SITE_VENV)
+	$(DESTDIR)$(SITE_VENV)/bin/python -m pip install -q .
+	chmod -R a+rX $(DESTDIR)$(SITE_VENV)
+	install -d $(DESTDIR)$(PREFIX)/local/bin
+	ln -sf $(SITE_VENV)/bin/sattr $(DESTDIR)$(PREFIX)/local/bin/sattr
 	$(MAKE) -C spank install
 	install -d $(DESTDIR)$(LIBEXEC)
 	install -m 0755 epilog/epilog.sh epilog/epilog_slurmctld.sh $(DESTDIR)$(LIBEXEC)/
 
 uninstall:
-	-python3 -m pip uninstall -y slurm-attr
-	rm -f $(DESTDIR)$(LIBEXEC)/epilog.sh $(DESTDIR)$(LIBEXEC)/epilog_slurmctld.sh
+	rm -rf $(DESTDIR)$(SITE_VENV) $(DESTDIR)$(PREFIX)/local/bin/sattr
+	rm -f $(DESTDIR)$(LIBEXEC)/epilog.sh $(DESTDIR)$(LIBEXEC)/epilog_slurmctld.sh $(DESTDIR)$(LIBEXEC)/sattr-comment
 	rm -f $(DESTDIR)/usr/lib/x86_64-linux-gnu/slurm-wlm/slurm_attr.so $(DESTDIR)/usr/lib/slurm-attr/libnccl-profiler-sattr.so
 
 # Each stage runs even when an earlier one failed, so one run reports everything; the

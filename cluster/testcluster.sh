@@ -13,6 +13,7 @@
 #   cluster/testcluster.sh down     stop only the daemons this script started (by pid)
 #   cluster/testcluster.sh status   what runs
 #   cluster/testcluster.sh env      print the exports a shell needs (eval "$(... env)")
+#   cluster/testcluster.sh venv     only (re)build the hooks' venv (before `up` in a namespace without PyPI)
 #
 # Idempotent: `up` on a healthy cluster with an unchanged config only checks it.
 set -euo pipefail
@@ -60,9 +61,11 @@ src_hash() {
 install_venv() {
     # slurm-attr as a site installs it: a venv from Debian's python3, readable by every user
     # (the hooks run it as root; users run its `sattr`). Reinstalled when the source changes.
-    if [ ! -x "$PY" ]; then
-        /usr/bin/python3 -m venv "$VENV"
-        "$PY" -m pip install -q --disable-pip-version-check 'click>=8' 'sqlite-utils>=3.30' 'setuptools>=64' wheel >&2
+    [ -x "$PY" ] || /usr/bin/python3 -m venv "$VENV"
+    # Checked by import, not by the venv's existence: an interrupted first install leaves a venv.
+    if ! "$PY" -c 'import setuptools, wheel' 2>/dev/null; then
+        "$PY" -m pip install -q --disable-pip-version-check 'setuptools>=64' wheel >&2
+        rm -f "$VENV/.src-hash"
     fi
     local h; h=$(src_hash)
     if [ "$(cat "$VENV/.src-hash" 2>/dev/null)" != "$h" ]; then
@@ -70,6 +73,8 @@ install_venv() {
         # Build from a copy: the checkout may not be writable for build dirs, or may be under /root.
         (cd "$REPO" && tar cf - --exclude=__pycache__ pyproject.toml README.md slurm_attr rules) | (cd "$tmp" && tar xf -)
         touch "$tmp/README.md"
+        # With its dependencies (pyproject.toml's list); already satisfied ones need no index.
+        "$PY" -m pip install -q --disable-pip-version-check --no-build-isolation "$tmp" >&2
         "$PY" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation --force-reinstall "$tmp" >&2
         rm -rf "$tmp"
         echo "$h" > "$VENV/.src-hash"
@@ -406,8 +411,10 @@ mkdir -p "$BASE"
 exec 9>"$BASE/.lock"
 case ${1:-up} in
     up) flock 9; up ;;
+    # The hooks' venv alone: for a cluster started inside a network namespace without PyPI.
+    venv) flock 9; install_venv ;;
     down) flock 9; stop; log "down" ;;
     status) all_alive && echo "up" || echo "down"; SLURM_CONF=$CONF sinfo -N -o '%N %T %E' 2>/dev/null || true ;;
     env) echo "export SLURM_CONF=$CONF SLURM_ATTR_CONFIG=$BASE/etc/slurm_attr.toml SATTR_CLUSTER_BASE=$BASE SATTR_BIN=$VENV/bin/sattr" ;;
-    *) die "usage: $0 up|down|status|env" ;;
+    *) die "usage: $0 up|down|status|env|venv" ;;
 esac

@@ -5,7 +5,9 @@
 # a failing Epilog would drain the node with "Epilog error" for no hardware reason.
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export SLURM_CONF=${SLURM_CONF:-/etc/slurm/slurm.conf}
-PY=${SLURM_ATTR_PYTHON:-python3}
+# `make install` puts slurm-attr in a venv of its own (Debian's python3 refuses system-wide pip).
+PY=${SLURM_ATTR_PYTHON:-/opt/slurm-attr/bin/python}
+[ -x "$PY" ] || PY=python3
 # Hard stop, well under PrologEpilogTimeout; the collector's own budget is smaller still.
 LIMIT=${SLURM_ATTR_EPILOG_TIMEOUT:-40}
 TAG="slurm_attr[${SLURM_JOB_ID:-?}]"

@@ -4,7 +4,9 @@
 # neither). Writes job.json and the output tails, starts the analysis detached, exits 0.
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export SLURM_CONF=${SLURM_CONF:-/etc/slurm/slurm.conf}
-PY=${SLURM_ATTR_PYTHON:-python3}
+# `make install` puts slurm-attr in a venv of its own (Debian's python3 refuses system-wide pip).
+PY=${SLURM_ATTR_PYTHON:-/opt/slurm-attr/bin/python}
+[ -x "$PY" ] || PY=python3
 LIMIT=${SLURM_ATTR_EPILOG_TIMEOUT:-40}
 TAG="slurm_attr[${SLURM_JOB_ID:-?}]"
 

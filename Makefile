@@ -9,7 +9,7 @@ PREFIX ?= /usr
 LIBEXEC ?= $(PREFIX)/libexec/slurm-attr
 PYTEST_ARGS ?= -ra
 
-.PHONY: all deps deps-apt spank install uninstall test test-native test-unit test-integration demo \
+.PHONY: all deps deps-apt spank install uninstall test test-native test-unit test-integration test-versions demo \
 	cluster-up cluster-down bench bench-cluster docs clean
 
 all: spank
@@ -54,6 +54,7 @@ test: deps
 	$(MAKE) --no-print-directory test-native || rc=$$?; \
 	$(MAKE) --no-print-directory test-unit || { [ $$rc = 0 ] && rc=1; }; \
 	$(MAKE) --no-print-directory test-integration || { [ $$rc = 0 ] && rc=1; }; \
+	$(MAKE) --no-print-directory test-versions || { [ $$rc = 0 ] && rc=1; }; \
 	exit $$rc
 
 test-native: spank
@@ -65,6 +66,11 @@ test-unit: deps
 test-integration: deps spank
 	bash cluster/testcluster.sh up
 	$(PY) -m pytest tests/integration -m cluster $(PYTEST_ARGS)
+
+# Slurm 24.11 (trixie) and 26.05 (sid) in debootstrap roots, each in its own namespaces
+# (cluster/versions.sh; the roots are cached in /var/cache/sattr-versions).
+test-versions: deps-apt
+	bash cluster/versions.sh
 
 cluster-up: deps spank
 	bash cluster/testcluster.sh up

@@ -8,12 +8,16 @@
  * sequence of one collective: 12 callbacks), the proxy path (a send and a receive step
  * through every wait state: 10 callbacks), the kernel-channel path (3 callbacks), then
  * the proxy path from 8 threads at once, each on its own communicator (several comms'
- * proxy threads in one process: shared header lines) and all on one communicator (worst
- * case: every counter line bounces; counts may then be lost, by design: each group of
- * fields has one writer thread in NCCL). Times are CPU time per callback (the contended
- * figures: the slowest thread). Prints one JSON object.
+ * proxy threads in one process) and all on one communicator (worst case: layout version
+ * 1 had every counter line bounce between the threads and lost counts; version 2 gives
+ * each thread its own lane). Times are CPU time per callback (the contended figures: the
+ * slowest thread). Also counts the send steps the record lost in the one-communicator
+ * case (read back from the file, lanes merged: 0 unless a line was shared), and the
+ * application path from 8 threads on their own communicators. Prints one JSON object.
  */
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,11 +58,12 @@ static void *start(void *ctx, sattr_descr_v5 *d)
 /* One collective's application-side callbacks (v5 order); returns the Coll handle. */
 static void *app_collective(void *ctx, uint64_t seq)
 {
-    static sattr_descr_v5 g = {.type = SATTR_EV_GROUP_API, .groupApi = {.groupDepth = 1}};
-    static sattr_descr_v5 ca = {.type = SATTR_EV_COLL_API,
-                                .collApi = {.func = "AllReduce", .count = 1 << 20, .datatype = "ncclFloat32"}};
-    static sattr_descr_v5 kl = {.type = SATTR_EV_KERNEL_LAUNCH};
-    static sattr_descr_v5 gr = {.type = SATTR_EV_GROUP};
+    /* per thread: the 8-thread case runs this from every thread */
+    static _Thread_local sattr_descr_v5 g = {.type = SATTR_EV_GROUP_API, .groupApi = {.groupDepth = 1}};
+    static _Thread_local sattr_descr_v5 ca = {
+        .type = SATTR_EV_COLL_API, .collApi = {.func = "AllReduce", .count = 1 << 20, .datatype = "ncclFloat32"}};
+    static _Thread_local sattr_descr_v5 kl = {.type = SATTR_EV_KERNEL_LAUNCH};
+    static _Thread_local sattr_descr_v5 gr = {.type = SATTR_EV_GROUP};
     sattr_descr_v5 c = {.type = SATTR_EV_COLL,
                         .coll = {.seqNumber = seq, .func = "AllReduce", .count = 1 << 20,
                                  .datatype = "ncclFloat32", .nChannels = 16, .nWarps = 16,
@@ -126,22 +131,64 @@ static void *proxy_worker(void *arg)
     return NULL;
 }
 
-static double contended(void **ctxs)
+static void *app_worker(void *arg)
+{
+    struct worker *w = arg;
+    double t0 = clock_s(CLOCK_THREAD_CPUTIME_ID);
+    for (long i = 0; i < w->n; i++)
+        app_collective(w->ctx, (uint64_t)i);
+    w->secs = clock_s(CLOCK_THREAD_CPUTIME_ID) - t0;
+    return NULL;
+}
+
+/* NTHREADS threads on the given contexts: the slowest thread's CPU ns per callback. */
+static double contended_on(void **ctxs, void *(*fn)(void *), int callbacks)
 {
     pthread_t th[NTHREADS];
     struct worker w[NTHREADS];
     double worst = 0;
     for (int i = 0; i < NTHREADS; i++) {
         w[i] = (struct worker){ctxs[i], iters / (4 * REPS), 0};
-        pthread_create(&th[i], NULL, proxy_worker, &w[i]);
+        pthread_create(&th[i], NULL, fn, &w[i]);
     }
     for (int i = 0; i < NTHREADS; i++) {
         pthread_join(th[i], NULL);
-        double ns = w[i].secs * 1e9 / ((double)w[i].n * PROXY_CALLBACKS);
+        double ns = w[i].secs * 1e9 / ((double)w[i].n * callbacks);
         if (ns > worst)
             worst = ns;
     }
     return worst;
+}
+
+static double contended(void **ctxs)
+{
+    return contended_on(ctxs, proxy_worker, PROXY_CALLBACKS);
+}
+
+/* Send steps completed in slot 0 of the record, its pool lanes added (layout v2; a
+ * version 1 record, of an older plugin run for comparison, has no pool). */
+static uint64_t sends_done(const char *path)
+{
+    struct stat st;
+    uint64_t n = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || fstat(fd, &st) != 0 || st.st_size < (off_t)SATTR_PROBE_V1_FILE_SIZE) {
+        if (fd >= 0)
+            close(fd);
+        return 0;
+    }
+    const char *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED)
+        return 0;
+    const struct sattr_slot *s = (const void *)(m + SATTR_PROBE_HDR_SIZE);
+    const struct sattr_lane *l = (const void *)(m + SATTR_PROBE_LANES_OFF);
+    n = s->send_done;
+    for (unsigned k = 0; st.st_size >= (off_t)SATTR_PROBE_FILE_SIZE && k < SATTR_PROBE_NLANES; k++)
+        if ((l[k].bind & 0xffffffffu) == 1)
+            n += l[k].net.send_done;
+    munmap((void *)m, (size_t)st.st_size);
+    return n;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -219,11 +266,19 @@ int main(int argc, char **argv)
         v[3][i] = contended(ctxs);
     stats(v[3], &r[3][0], &r[3][1]);
     double one_comm[REPS], oc_min, oc_med;
+    snprintf(path, sizeof(path), "%s/rank0.pid%d.probe", dir, (int)getpid());
+    uint64_t done0 = sends_done(path);
     for (int i = 0; i < REPS; i++)
         one_comm[i] = contended(same);
     stats(one_comm, &oc_min, &oc_med);
+    long long lost = (long long)REPS * NTHREADS * (iters / (4 * REPS)) - (long long)(sends_done(path) - done0);
+    /* the application side from 8 threads, each on its own communicator (several process
+     * groups launching from their own threads) */
+    double app8[REPS], a8_min, a8_med;
+    for (int i = 0; i < REPS; i++)
+        app8[i] = contended_on(ctxs, app_worker, APP_CALLBACKS);
+    stats(app8, &a8_min, &a8_med);
 
-    snprintf(path, sizeof(path), "%s/rank0.pid%d.probe", dir, (int)getpid());
     if (stat(path, &st) != 0)
         st.st_size = -1;
     printf("{\"iterations\": %ld, \"reps\": %d, \"cpus\": %ld, \"file_bytes\": %lld", iters, REPS,
@@ -231,7 +286,9 @@ int main(int argc, char **argv)
     for (int k = 0; k < 3; k++)
         printf(", \"%s_ns\": {\"min\": %.1f, \"median\": %.1f}", names[k], r[k][0], r[k][1]);
     printf(", \"proxy_8_threads_own_comms_ns\": {\"min\": %.1f, \"median\": %.1f}", r[3][0], r[3][1]);
-    printf(", \"proxy_8_threads_one_comm_ns\": {\"min\": %.1f, \"median\": %.1f}}\n", oc_min, oc_med);
+    printf(", \"proxy_8_threads_one_comm_ns\": {\"min\": %.1f, \"median\": %.1f}", oc_min, oc_med);
+    printf(", \"proxy_8_threads_one_comm_sends_lost\": %lld", lost);
+    printf(", \"app_8_threads_own_comms_ns\": {\"min\": %.1f, \"median\": %.1f}}\n", a8_min, a8_med);
     unlink(path);
     rmdir(dir);
     return 0;

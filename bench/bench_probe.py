@@ -1,15 +1,21 @@
 """Benchmark of the NCCL profiler probe: callback cost (C) and hang localisation (Python).
 
     python3 bench/bench_probe.py [--ranks 4096] [--per-node 8] [--dir DIR] [--runs 7] [--skip-c]
+                                 [--peer-lib OTHER.so]
 
 1. builds spank/build/libnccl-profiler-sattr.so and bench/bench_probe.c, and runs the
    latter: ns per callback on the application, proxy and kernel paths, single thread and
-   8 threads, plus the record's size;
+   8 threads (proxy: each on its own communicator, and all on one; application: each on
+   its own), the send steps the record lost with 8 threads on one communicator (0 unless
+   they share a written cache line), plus the record's size; with --peer-lib, the same
+   on another build of the plugin (e.g. an older commit's) in the same run, and the
+   ratios ours / peer;
 2. writes a bundle of --ranks records (one per rank, --per-node per node; three
    communicators per rank: world, a node-local one and a cross-node one, realistic
    counters, one rank that never launched AllReduce #1000 while the others hang in it)
    and times ``slurm_attr.probe.analyze`` over it (page cache warm, as right after the
-   epilog copied the files). Goals: <= 20 ns per event, <= 100 KB per rank, <= 150 ms.
+   epilog copied the files). Goals: <= 20 ns per event in every threading case, a bounded
+   record (110,592 B per rank since layout version 2), <= 150 ms median.
 """
 from __future__ import annotations
 
@@ -36,15 +42,21 @@ BF16 = 10
 WORLD = 0x9E3779B97F4A7C15
 
 
-def bench_c(iterations: int) -> dict:
+def bench_c(iterations: int, lib: str | None = None) -> dict:
     subprocess.run(["make", "-s", "-C", os.path.join(REPO, "spank"), "-f", "probe.mk", "all"], check=True)
     exe = os.path.join(REPO, "spank", "build", "bench_probe")
     subprocess.run(["cc", "-O2", "-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wextra", "-Werror",
                     "-I", os.path.join(REPO, "spank", "probe"), os.path.join(REPO, "bench", "bench_probe.c"),
                     "-o", exe, "-ldl", "-lpthread"], check=True)
-    out = subprocess.run([exe, os.path.join(REPO, "spank", "build", "libnccl-profiler-sattr.so"), str(iterations)],
-                         check=True, capture_output=True, text=True).stdout
+    lib = lib or os.path.join(REPO, "spank", "build", "libnccl-profiler-sattr.so")
+    out = subprocess.run([exe, lib, str(iterations)], check=True, capture_output=True, text=True).stdout
     return json.loads(out)
+
+
+def ratios(ours: dict, peer: dict) -> dict:
+    """ours / peer for every timed path (min and median): below 1 = we are faster."""
+    return {k: {s: round(v[s] / peer[k][s], 2) for s in ("min", "median") if peer[k][s]}
+            for k, v in ours.items() if k.endswith("_ns") and k in peer}
 
 
 def _ring(last_opi: int, funcs: list[tuple[int, int]], seq_of) -> list[tuple[int, int, int, int, int, int]]:
@@ -147,10 +159,14 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--iterations", type=int, default=7_000_000)
     ap.add_argument("--skip-c", action="store_true")
+    ap.add_argument("--peer-lib", help="another build of the plugin to measure in the same run")
     args = ap.parse_args()
     out = {}
     if not args.skip_c:
         out["c"] = bench_c(args.iterations)
+        if args.peer_lib:
+            out["c_peer"] = dict(bench_c(args.iterations, args.peer_lib), lib=args.peer_lib)
+            out["c_ratio_vs_peer"] = ratios(out["c"], out["c_peer"])
     root = args.dir or f"/tmp/sattr-bench-probe-{args.ranks}"
     out["python"] = bench_python(args.ranks, args.per_node, root, args.runs)
     print(json.dumps(out, indent=1))

@@ -86,6 +86,11 @@ step "sattr undrain n2   (resumes only nodes slurm-attr drained; the demo leaves
 wait_for "n2 to be idle" 30 sh -c "sinfo -h -n n2 -o %T | grep -qx idle"
 sinfo -N -n n2 -o '%N %T'
 
+if [ "${SATTR_DEMO_FR:-1}" = 0 ]; then
+    # `make test-versions` runs the demo in roots whose Python the torch wheel does not fit.
+    step "done in $(( $(date +%s) - T0 )) s (the torch job skipped: SATTR_DEMO_FR=0)"
+    exit 0
+fi
 step "2. a real 4-rank torch (Gloo) job with a collective size bug on rank 3"
 PY=$VENV/bin/python
 if ! "$PY" -c 'import torch' 2>/dev/null; then

@@ -2,6 +2,7 @@
 # Everything `make demo` and `make test` need on a Debian 12 machine, installed idempotently:
 #
 #   cluster/deps.sh apt     Debian packages: Slurm 22.05, MariaDB, munge, libslurm-dev, gcc, Chromium...
+#   cluster/deps.sh cluster-apt   only what the test cluster and the demo need
 #   cluster/deps.sh venv    a venv (VENV, default .venv) with the project, its test dependencies
 #                           and torch 2.13 CPU (the wheel on disk, never a CUDA build from PyPI)
 #   cluster/deps.sh all     both (the default)
@@ -15,17 +16,20 @@ VENV=${VENV:-$REPO/.venv}
 case $VENV in /*) ;; *) VENV=$REPO/$VENV ;; esac
 TORCH_VERSION=2.13.0
 
-# bsdextrautils: column (demo); util-linux: unshare, flock, runuser (test cluster);
-# procps: pgrep; chromium: the HTML report test renders the page headless.
-PACKAGES=(slurmctld slurmd slurm-client slurmdbd mariadb-server munge libslurm-dev
-          gcc make libc6-dev python3 python3-venv python3-dev
-          util-linux bsdextrautils bsdutils procps iproute2 chromium)
+# What the test cluster and the demo use: bsdextrautils: column; util-linux: unshare, flock,
+# runuser, mountpoint; procps: pgrep; hostname; debootstrap: the other Slurm releases' roots.
+CLUSTER_PACKAGES=(slurmctld slurmd slurm-client slurmdbd mariadb-server munge libslurm-dev
+                  gcc make libc6-dev python3 python3-venv
+                  util-linux bsdextrautils bsdutils procps iproute2 hostname)
+# What the tests add: chromium renders the HTML report headless; debootstrap builds the
+# trixie/sid roots of `make test-versions`.
+TEST_PACKAGES=(chromium debootstrap)
 
 log() { printf 'deps: %s\n' "$*" >&2; }
 
-apt_deps() {
+apt_deps() {  # apt_deps PACKAGE...
     local need=() p
-    for p in "${PACKAGES[@]}"; do
+    for p in "$@"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need+=("$p")
     done
     [ ${#need[@]} -eq 0 ] && return 0
@@ -77,8 +81,9 @@ EOF
 }
 
 case ${1:-all} in
-    apt) apt_deps ;;
+    apt) apt_deps "${CLUSTER_PACKAGES[@]}" "${TEST_PACKAGES[@]}" ;;
+    cluster-apt) apt_deps "${CLUSTER_PACKAGES[@]}" ;;
     venv) venv_deps ;;
-    all) apt_deps; venv_deps ;;
-    *) echo "usage: $0 [apt|venv|all]" >&2; exit 2 ;;
+    all) apt_deps "${CLUSTER_PACKAGES[@]}" "${TEST_PACKAGES[@]}"; venv_deps ;;
+    *) echo "usage: $0 [apt|cluster-apt|venv|all]" >&2; exit 2 ;;
 esac

@@ -41,7 +41,7 @@ alive() {  # alive PID COMM: running (not zombie) and still the program we start
 
 install_packages() {
     # One list of what the scripts use, shared with `make demo`/`make test` (cluster/deps.sh).
-    bash "$REPO/cluster/deps.sh" apt
+    bash "$REPO/cluster/deps.sh" cluster-apt
 }
 
 slurm_version() {  # major.minor of the installed Slurm, e.g. 22.05 (slurmd -V needs no config)
@@ -208,6 +208,9 @@ StorageLoc=slurm_acct_db
 EOF
     chmod 600 "$BASE/etc/slurmdbd.conf.new"
 
+    # switch/none is gone from Slurm 23.11 on (no SwitchType means none).
+    local switch="SwitchType=switch/none"
+    version_ge 23.11 && switch="# SwitchType: none"
     cat > "$CONF.new" <<EOF
 ClusterName=sattrtest
 SlurmctldHost=$host(127.0.0.1)
@@ -231,7 +234,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
 MpiDefault=none
-SwitchType=switch/none
+$switch
 ReturnToService=2
 MinJobAge=3600
 KillWait=5

@@ -6,6 +6,10 @@ means. Special cases the table cannot carry alone:
 - Xid 45 names the Xid that caused it on newer drivers: kept as ``prev_xid``.
 - Xid 154 carries the recovery action in its text: that becomes the action.
 - Xid 13 coordinates (GPC/TPC/SM) are kept: recurrence on the same unit matters.
+- Xid 74 registers are decoded bit by bit (rules/xid74.py, rules/xid74_bits.tsv).
+- Xid 94/95 name the unit and whether a reset is needed (`Contained: SM ... RST: No`).
+- Xid 63/64 say whether a row remap is pending (reset to activate) or failed.
+- NVLink5 sub-code: intrInfo bits 20-25 as public decoders print it, kept as ``code`` (149.37: the peer).
 """
 from __future__ import annotations
 
@@ -17,6 +21,8 @@ from typing import Mapping, Optional
 from slurm_attr.errors import RuleError
 from slurm_attr.model import ACTION_KINDS, CAUSES, ROLES, Symptom
 from slurm_attr.rules.pyrule import DocTable
+
+from . import xid74
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,14 @@ _NVLINK5 = re.compile(
 )
 _PREVIOUS = re.compile(r"previous\D{0,40}?\b(\d{1,3})\b", re.I)
 _RECOVERY = re.compile(r"to 0x[0-9a-fA-F]+ \((?P<what>[^)]*)\)")
+_CONTAINMENT = re.compile(r"(?P<kind>Uncontained|Contained):\s*(?P<unit>[\w ]{1,40}?)(?:\s*\(0x[0-9a-fA-F]+\))?\.\s*RST:\s*(?P<rst>Yes|No)")
+_REMAP = re.compile(r"reset gpu to activate|reboot to activate|marked for remapping|pending", re.I)
+_REMAP_FAILED = re.compile(r"fail|unable|no (?:spare|more)", re.I)
+# NVLink5 sub-code: intrInfo bits 20-25, as public decoders print it (0x025001c6 -> 149.37). NVIDIA's
+# decode sheet is described with other bit positions for some driver branches, so the code is shown as
+# a field and only the one sub-code with a published meaning changes anything (a hint, not an action).
+_NVLINK5_SUBCODES = {(149, 37): "investigate_peer_device"}
+_NVLINK5_SUBCODES = {(149, 37): "investigate_peer_device"}
 _GPC = re.compile(r"GPC (?P<gpc>\d+), TPC (?P<tpc>\d+)(?:, SM (?P<sm>\d+))?")
 _RECOVERY_ACTIONS = {
     "none": "none",
@@ -75,6 +89,10 @@ _RECOVERY_ACTIONS = {
     "node reboot required": "reboot",
     "drain p2p": "drain",
     "drain and reset": "reset",
+    "bus reset required": "reset",
+    "system reboot required": "reboot",
+    "node reboot": "reboot",
+    "gpu reset": "reset",
 }
 
 
@@ -97,8 +115,26 @@ def refine_xid(sym: Symptom, groups: Mapping[str, str]) -> Optional[Symptom]:
         if m:
             sym.fields.update(unit=m.group("unit") or "", severity=m.group("severity"), link=int(m.group("link")),
                               intr_info=m.group("intr"), error_status=m.group("status"))
+            sub = int(m.group("intr"), 16) >> 20 & 0x3F
+            sym.fields["code"] = sub
+            if (xid, sub) in _NVLINK5_SUBCODES:
+                sym.fields["fault"] = _NVLINK5_SUBCODES[(xid, sub)]
             if m.group("severity") == "Nonfatal" or xid == 147:
                 sym.role, sym.action = "context", "none"
+    elif xid == 74:
+        decoded = xid74.decode(text)
+        if decoded:
+            sym.role, sym.action = str(decoded.pop("role")), str(decoded.pop("action"))
+            sym.fields.update(decoded)
+    elif xid in (94, 95):
+        m = _CONTAINMENT.search(text)
+        if m:
+            sym.fields.update(unit=m.group("unit").strip(), state="reset required" if m.group("rst") == "Yes" else "no reset needed")
+    elif xid in (63, 64):
+        if xid == 64 or _REMAP_FAILED.search(text):
+            sym.fields["state"] = "remap failed"
+        elif _REMAP.search(text):
+            sym.fields["state"] = "remap pending"
     elif xid == 45:
         m = _PREVIOUS.search(text)
         if m:
@@ -107,6 +143,8 @@ def refine_xid(sym: Symptom, groups: Mapping[str, str]) -> Optional[Symptom]:
         m = _RECOVERY.search(text)
         what = m.group("what").strip().lower() if m else ""
         sym.action = _RECOVERY_ACTIONS.get(what, "none")
+        if what:
+            sym.fields["state"] = what
         if sym.action == "none":
             sym.role = "context"
     elif xid == 13:

@@ -1,20 +1,20 @@
 """Who may see which verdict: admins see every job, users their own (as sacct does).
 
 Admins: root, Slurm's SlurmUser, and members of [access] admin_group. The verdict
-database is root's; a user who cannot open it gets their own job's verdict from
-the accounting comment (the SATTR1: part) instead.
+database is root's; a user who cannot open it gets their own job's verdict from the
+copy the analysis wrote for them as root (usercopy.py). Never from the job's Comment:
+that is free text the user fills, and an `sattr1: ...` typed there is not a verdict.
 """
 from __future__ import annotations
 
 import grp
 import os
 import pwd
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .comment import MARKER
+from . import usercopy
 from .config import Config
 from .errors import NotFound, PermissionDenied, SlurmError, StoreError
 from .model import Verdict
@@ -27,7 +27,7 @@ class JobView:
     verdict: Verdict
     job: dict[str, Any] = field(default_factory=dict)
     comment_status: str | None = None
-    source: str = "database"  # database | accounting
+    source: str = "database"  # database | copy (the root-written per-user copy)
 
 
 def caller() -> tuple[int, str]:
@@ -86,7 +86,7 @@ def job_view(cfg: Config, job_id: str) -> JobView:
             return JobView(verdict=v, job=job, comment_status=c["status"] if c else None)
     if admin and os.path.exists(cfg.paths.database):
         raise StoreError(f"cannot read {cfg.paths.database}")
-    return _from_accounting(cfg, job_id, uid, name, admin)
+    return _from_user_copy(cfg, job_id, uid, name, admin)
 
 
 # Seen on Slurm 22.05 right after the job's comment was written: for a second or two sacct
@@ -96,14 +96,25 @@ _SETTLE_TRIES = 8
 _SETTLE_S = 0.5
 
 
-def _from_accounting(cfg: Config, job_id: str, uid: int, name: str, admin: bool) -> JobView:
+def _from_user_copy(cfg: Config, job_id: str, uid: int, name: str, admin: bool) -> JobView:
+    # The copy sits under the caller's own uid: another user's job is simply not there.
+    try:
+        got = usercopy.read(cfg, job_id, uid)
+        return JobView(verdict=got["verdict"], job=got["job"], source="copy")
+    except NotFound:
+        # Say why: another user's job, a job accounting does not know, or not analysed yet.
+        _check_in_accounting(cfg, job_id, name, admin)
+        raise
+
+
+def _check_in_accounting(cfg: Config, job_id: str, name: str, admin: bool) -> None:
     slurm = default_backend(cfg.paths.slurm_bin, cfg.paths.slurm_conf)
+    row = None
     for attempt in range(_SETTLE_TRIES):
         try:
             row = slurm.sacct_job(job_id)
-            text = slurm.job_comment(job_id, cfg.comment.field) if row else None
-        except SlurmError as err:
-            raise NotFound(f"no verdict for job {job_id} (accounting: {err})") from err
+        except SlurmError:
+            return  # the copy's answer (not found) stands
         if admin or not row or row.get("User") == name or row.get("Partition"):
             break
         if attempt + 1 < _SETTLE_TRIES:
@@ -112,23 +123,3 @@ def _from_accounting(cfg: Config, job_id: str, uid: int, name: str, admin: bool)
         raise NotFound(f"job {job_id} is not in accounting")
     if not admin and row.get("User") != name:
         raise PermissionDenied(f"job {job_id} belongs to another user: you can see only your own jobs")
-    # Case-insensitive: sacctmgr on Slurm 22.05 stores a modified job comment in lower case.
-    m = re.search(re.escape(MARKER), text or "", re.IGNORECASE)
-    if m is None:
-        raise NotFound(f"no verdict for job {job_id} yet (none in its {cfg.comment.field})")
-    ours = (text or "")[m.end():].strip()
-    head, _, summary = ours.partition(" - ")
-    words = head.split()
-    v = Verdict(job_id=job_id, cause=words[0] if words else "unknown", summary=summary.strip())
-    for w in words[1:]:
-        key, _, val = w.partition("=")
-        if key == "nodes":
-            v.culprit_nodes = [x for x in val.split(",") if x and not x.startswith("+")]
-        elif key == "ranks":
-            v.culprit_ranks = [int(x) for x in val.split(",") if x.isdigit()]
-        elif key == "gpus":
-            v.culprit_gpus = [x for x in val.split(",") if x and not x.startswith("+")]
-        elif key == "ambiguous":
-            v.ambiguous = True
-    job = {"user": row.get("User"), "partition": row.get("Partition"), "state": row.get("State")}
-    return JobView(verdict=v, job=job, source="accounting")

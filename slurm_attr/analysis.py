@@ -29,12 +29,18 @@ def _analysers() -> list[tuple[str, Analyser]]:
     return [(name, importlib.import_module(mod).analyze) for name, mod in ANALYSERS]
 
 
-def run_bundle(path: str, cfg: Config, history: object | None = None) -> Verdict:
-    """Analyse the bundle at path. One failing analyser costs its coverage, not the verdict."""
+def run_bundle(path: str, cfg: Config, history: object | None = None, job: dict | None = None,
+               extra: "list[Symptom] | None" = None) -> Verdict:
+    """Analyse the bundle at path. One failing analyser costs its coverage, not the verdict.
+
+    ``job``: scheduler facts the caller holds (the intake's copy) over the bundle's job.json,
+    for when the spool could not take job.json. ``extra``: symptoms found outside the bundle."""
     from . import verdict as verdict_mod
 
     t0 = time.monotonic()
     bundle = Bundle(path)
+    if job:
+        bundle.job = {**bundle.job, **job, "job_id": str(job.get("job_id") or bundle.job["job_id"])}
     symptoms: list[Symptom] = []
     coverage: list[Coverage] = list(bundle.collector_coverage())
     for name, fn in _analysers():
@@ -46,6 +52,7 @@ def run_bundle(path: str, cfg: Config, history: object | None = None) -> Verdict
             continue
         symptoms.extend(s)
         coverage.extend(c)
+    symptoms.extend(extra or [])  # findings that reached the caller another way (Slurm's drain reason)
     coverage.extend(bundle.coverage)  # job.json problems etc.
     # The collector and the analyser of a source may both report the same gap: say it once.
     seen: set[tuple[str, str | None, str]] = set()
@@ -60,6 +67,48 @@ def run_bundle(path: str, cfg: Config, history: object | None = None) -> Verdict
     job = dict(bundle.job)
     if "ranks" not in job and bundle.ranks():
         job["ranks"] = {str(r): n for r, n in bundle.ranks().items()}
+    _bound_output_times(bundle, cfg, symptoms, job)
+    _mark_attributed(bundle, symptoms)
     v = verdict_mod.decide(job, symptoms, coverage, history=history)  # type: ignore[arg-type]
     log.debug("analysed %s in %.0f ms", path, (time.monotonic() - t0) * 1000)
     return v
+
+
+def _bound_output_times(bundle: Bundle, cfg: Config, symptoms: list[Symptom], job: dict) -> None:
+    """Untimed lines of the job's output (a traceback) get the times of the timed lines around
+    them, so that the verdict can tell which rank failed first (reason/firstfailure.py). Reads
+    the same bounded tail, numbered the same way, as the rules analyser did."""
+    from .errors import UnsafePath
+    from .reason.timeline import bound_untimed, clock_of
+
+    for name in ("stdout", "stderr"):
+        rel = f"output/{name}"
+        mine = [s for s in symptoms if s.role == "root" and not s.trusted and s.evidence and s.evidence[0].path == rel
+                and s.time is None]
+        if not mine:
+            continue
+        try:
+            res = bundle.read(rel, cfg.collect.output_tail_bytes, tail=True)
+        except UnsafePath:
+            continue
+        data = res.data
+        if res.truncated:
+            nl = data.find(b"\n")
+            data = data[nl + 1:] if nl >= 0 else b""  # the first line of a tail is partial (as sources._read)
+        lines = data.decode("utf-8", errors="replace").split("\n")
+        bound_untimed(mine, rel, lines, clock_of(job))
+
+
+def _mark_attributed(bundle: Bundle, symptoms: list[Symptom]) -> None:
+    """Kernel lines an earlier job's verdict or drain already used (the node ledger, see
+    bundle.already_attributed) are context for this job: never its root, never a second drain."""
+    for s in symptoms:
+        if not s.trusted:
+            continue
+        try:
+            owner = bundle.already_attributed(s)
+        except Exception:  # noqa: BLE001 - a broken ledger costs this check, not the verdict
+            log.exception("ledger check failed for %s", s.id)
+            return
+        if owner and owner != str(bundle.job.get("job_id")):
+            s.fields["attributed_to"] = owner

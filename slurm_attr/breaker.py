@@ -13,32 +13,27 @@ Two limits, both from ``[drain]``:
 
 A drain that would exceed either limit trips the breaker. Tripped, every later
 decision is recorded as blocked ("circuit breaker") until a person runs
-``sattr breaker reset``. The state lives in the verdict database, so the node
-epilogs' fast path and the central analysis share it.
+``sattr breaker reset``. The tripped state and the ledger live in the verdict database
+on the controller; the count and the partition shares also come from Slurm's own
+reasons (slurmstate.py), which is all the node epilogs' fast path uses: it never
+opens the database (a SQLite file written from many hosts over a network
+filesystem is a known way to corrupt it).
 """
 from __future__ import annotations
 
 import json
-import math
 import time
 from typing import Any, Iterable
 
 from .config import Drain
-from .drain import BLOCK_ALREADY, BLOCK_BREAKER, NodeState
 from .errors import SlurmError
+from .slurmstate import BLOCK_ALREADY, BLOCK_BREAKER, SlurmView, partition_allowance  # noqa: F401
 
 # A claim not settled yet (another process is between its claim and scontrol) counts towards
 # its partitions, so concurrent analysers cannot each see the last free slot; one older than
 # this is a process that died mid-way and no longer counts. Settled drains count through
 # Slurm's state only, so a node resumed since frees its slot at once.
 INFLIGHT_S = 120.0
-
-
-def partition_allowance(total: int, percent: float) -> int:
-    """How many of a partition's ``total`` nodes we may hold drained at once (at least 1)."""
-    if total <= 0:
-        return 1
-    return max(1, math.floor(total * percent / 100.0 + 1e-9))
 
 
 class Breaker:
@@ -56,22 +51,14 @@ class Breaker:
 
     def partition_usage(self, nodes: list[dict[str, Any]], inflight: Iterable[dict[str, Any]] = ()) -> dict[str, dict[str, Any]]:
         """Per partition: its nodes, and which of them are drained by us (or being drained)."""
-        usage: dict[str, dict[str, Any]] = {}
-        for rec in nodes:
-            st = NodeState.from_record(rec)
-            for p in st.partitions:
-                u = usage.setdefault(p, {"partition": p, "total": 0, "ours": set()})
-                u["total"] += 1
-                if st.out_of_service and st.ours:
-                    u["ours"].add(st.name)
+        extra = []
         for row in inflight:
             try:
                 parts = json.loads(row.get("partitions") or "[]")
             except ValueError:
                 parts = []
-            for p in parts:
-                if p in usage:
-                    usage[p]["ours"].add(row["node"])
+            extra.append((row["node"], parts))
+        usage = SlurmView.build(nodes).partition_usage(extra)
         for u in usage.values():
             u["allowed"] = partition_allowance(u["total"], self.cfg.max_partition_percent)
         return usage
@@ -90,7 +77,10 @@ class Breaker:
             if self.store.ledger_has(node, list(job_ids)):
                 return None, BLOCK_ALREADY
             now = time.time()
-            count = self.store.ledger_count(self.window_start(now))
+            since = self.window_start(now)
+            # Drains the fast path made are in Slurm's reasons before the store has caught up.
+            count = max(self.store.ledger_count(since),
+                        len([n for n in SlurmView.build(all_nodes).drains_since(since) if n != node]))
             if count >= self.cfg.max_drains:
                 self.store.trip_breaker(
                     f"{count} automatic drains in the last {self.cfg.window_s}s (max {self.cfg.max_drains}); "

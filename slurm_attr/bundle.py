@@ -31,6 +31,8 @@ COLLECT_JSON_CAP = 1 << 20
 MAX_LINE = 16 << 10
 
 NODE_KINDS = ("fr", "probe", "nccl")
+# Kernel lines an earlier job already owns (collect/ledger.py), beside kernel.log.
+ATTRIBUTED_KERNEL_LOG = "kernel.attributed.log"
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -201,4 +203,82 @@ class Bundle:
                 if status not in ("ok", "missing", "error", "truncated"):
                     status = "error"
                 out.append(Coverage(source=str(src), node=node, status=status, detail=str(info.get("detail", ""))[:500]))
+        return out
+
+    # -- provenance and attribution (issue 10) --------------------------------------------
+    def collect_doc(self, node: str) -> dict[str, Any]:
+        """A node's collect.json (empty when missing or bad; coverage records why)."""
+        if not valid_node_name(node):
+            return {}
+        rel = f"nodes/{node}/collect.json"
+        if not self.exists(rel):
+            return {}
+        data = self.read_json(rel, COLLECT_JSON_CAP, source="node", node=node)
+        return data if isinstance(data, dict) else {}
+
+    def attributed_lines(self, node: str) -> dict[int, str]:
+        """{line number in nodes/<node>/kernel.attributed.log: the job it was attributed to}.
+
+        Trusted kernel lines that an earlier job already turned into a verdict or drain
+        (node ledger): context for this job, never its root, never a second drain."""
+        info = self.collect_doc(node).get("attributed")
+        out: dict[int, str] = {}
+        if isinstance(info, dict) and isinstance(info.get("lines"), list):
+            for rec in info["lines"][:100000]:
+                if isinstance(rec, dict) and isinstance(rec.get("line"), int) and isinstance(rec.get("job_id"), str):
+                    out[rec["line"]] = rec["job_id"]
+        return out
+
+    def attributed_keys(self) -> dict[str, str]:
+        """{ledger line key: owning job} over every node (see collect/ledger.line_key)."""
+        cached = self.__dict__.get("_attributed_keys")
+        if cached is not None:  # asked once per trusted symptom: 2,000 of them cost 0.3 s uncached
+            return cached
+        out: dict[str, str] = {}
+        for node in self.nodes():
+            info = self.collect_doc(node).get("attributed")
+            if isinstance(info, dict) and isinstance(info.get("lines"), list):
+                for rec in info["lines"][:100000]:
+                    if isinstance(rec, dict) and isinstance(rec.get("key"), str) and isinstance(rec.get("job_id"), str):
+                        out[rec["key"]] = rec["job_id"]
+        self.__dict__["_attributed_keys"] = out
+        return out
+
+    def already_attributed(self, symptom: Any) -> str | None:
+        """The earlier job a symptom's kernel line was already attributed to, or None.
+
+        For the verdict: such a symptom is context (never root, never a drain) and counts
+        once in recurrence."""
+        keys: dict[str, str] | None = None
+        for e in getattr(symptom, "evidence", None) or []:
+            if getattr(e, "attributed_to", None):
+                return str(e.attributed_to)
+            path = e.path or ""
+            parts = path.split("/")
+            if len(parts) == 3 and parts[0] == "nodes" and parts[2] == ATTRIBUTED_KERNEL_LOG and e.line:
+                owner = self.attributed_lines(parts[1]).get(int(e.line))
+                if owner:
+                    return owner
+            if e.source == "kernel" and symptom.node and e.text:
+                from .collect.ledger import line_key
+
+                if keys is None:
+                    keys = self.attributed_keys()
+                if not keys:
+                    continue  # no ledger lines at all: no line key to compute
+                owner = keys.get(line_key(symptom.node, e.text))
+                if owner:
+                    return owner
+        return None
+
+    def provenance(self) -> dict[str, Any]:
+        """Who wrote each source: job.json's (controller side) and each node's collect.json."""
+        out: dict[str, Any] = {}
+        prov = self.job.get("provenance")
+        if isinstance(prov, dict):
+            out.update(prov)
+        for node in self.nodes():
+            p = self.collect_doc(node).get("provenance")
+            if isinstance(p, dict):
+                out.update(p)
         return out

@@ -1,13 +1,25 @@
-"""The verdict in the job's accounting comment: ``SATTR1: <cause> ... | <summary>``.
+"""The verdict in the job's accounting comment: ``<user's text>; SATTR1: <cause> ... - <summary>``.
 
-A comment the user set is kept: our part is appended after it behind the
-versioned marker and replaced, never duplicated, on re-analysis. Written with
-``sacctmgr`` after the job ended (``scontrol update`` is refused by then); when
-accounting is down the text waits in the store's queue and is retried.
+The Comment is free text the user fills (``sbatch --comment``), so it is never
+read back as a verdict (users read theirs from a root-written copy, usercopy.py).
+What this module guarantees about the field:
+
+- Our part is recognised only when it is, case-insensitively (sacctmgr lowercases
+  on 22.05), a text this store itself wrote for the job; anything else that looks
+  like our marker, in any case and anywhere, is the user's and is neutralised
+  (``sattr1:`` -> ``(sattr1):``) so no reader can take it for ours.
+- The user's text is kept whole (newlines included), only truncated, visibly,
+  when the whole field would exceed ``max_len``.
+- After a write the field is read back; ``verify_recent`` re-applies our part
+  where Slurm dropped it (a slurmctld restart resets a finished job's Comment to
+  the user's own text while the job is still in its memory).
 """
 from __future__ import annotations
 
 import re
+import sqlite3
+import time
+from typing import Iterable
 
 from .errors import SlurmError
 from .model import Verdict
@@ -15,6 +27,14 @@ from .slurm.base import SlurmAccess
 from .store import Store
 
 MARKER = "SATTR1:"
+# Case-insensitive and Unicode-aware on purpose: whatever a case-insensitive reader could
+# take for our marker (including U+017F, which folds to 's') is neutralised in user text.
+_MARKER_RE = re.compile(re.escape(MARKER), re.IGNORECASE)
+SEP = "; "
+TRUNCATED = "...[truncated]"
+# When the user's text is long, it keeps at least this many characters before our summary
+# is shortened: both parts stay recognisable.
+USER_MIN = 64
 # Characters that would break sacctmgr's argument parsing or the one-line field.
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f'\"|]")
 
@@ -28,6 +48,16 @@ def _compact(items: list, limit: int = 4) -> str:
     return shown + (f",+{len(items) - limit}" if len(items) > limit else "")
 
 
+def _shorten(ours: str, max_len: int) -> str:
+    """Our part cut to max_len: the summary loses its end first, the marker and cause stay."""
+    if len(ours) <= max_len:
+        return ours
+    head, sep, _summary = ours.partition(" - ")
+    if sep and max_len - 3 > len(head) + len(sep):
+        return ours[: max_len - 3].rstrip() + "..."
+    return head[:max_len]
+
+
 def verdict_text(v: Verdict, max_len: int) -> str:
     """Our part of the comment, at most max_len characters, marker first."""
     parts = [MARKER, v.cause]
@@ -39,25 +69,97 @@ def verdict_text(v: Verdict, max_len: int) -> str:
         parts.append(f"ranks={_compact(v.culprit_ranks)}")
     if v.ambiguous:
         parts.append("ambiguous")
-    head = " ".join(parts)
+    head = _clean(" ".join(parts))
     text = f"{head} - {_clean(v.summary)}" if v.summary else head
-    if len(text) > max_len:
-        text = text[: max(len(head), max_len - 3)].rstrip() + "..."
-    return text[:max_len] if len(head) <= max_len else head[:max_len]
+    return _shorten(text, max_len)
 
 
-def merge(existing: str | None, ours: str) -> str:
-    """The user's comment (without any earlier SATTR1: part) followed by ours."""
-    user = (existing or "")
-    at = user.find(MARKER)
-    if at >= 0:
-        user = user[:at]
-    user = user.rstrip(" ;")
-    return f"{user}; {ours}" if user else ours
+def neutralise(user: str) -> str:
+    """The user's text with every marker look-alike broken, so it never reads as ours.
+
+    Idempotent: ``(sattr1):`` holds no marker, so a second pass changes nothing.
+    """
+    return _MARKER_RE.sub(lambda m: f"({m.group(0)[:-1]}):", user)
 
 
-def write(slurm: SlurmAccess, store: Store, job_id: str, give_up_after: int = 50) -> tuple[bool, str]:
-    """Try to write the queued comment of job_id now. (ok, error)."""
+def has_marker(text: str | None) -> bool:
+    return bool(text) and _MARKER_RE.search(text or "") is not None
+
+
+def split(existing: str | None, known: Iterable[str] = ()) -> tuple[str, str | None]:
+    """(the user's part, our part or None) of a Comment as accounting holds it.
+
+    Our part must be the tail after the last marker and equal, case-insensitively, one of
+    ``known`` (texts we wrote for this job). A look-alike the user typed — even the exact
+    text of a verdict — is not in ``known`` unless we wrote it, and then it is ours anyway.
+    """
+    text = existing or ""
+    keys = {k.strip().casefold() for k in known if k and k.strip()}
+    last = None
+    for last in _MARKER_RE.finditer(text):
+        pass
+    if last is None or not keys:
+        return text, None
+    tail = text[last.start():]
+    if tail.strip().casefold() not in keys:
+        return text, None
+    user = text[: last.start()]
+    if user.endswith(SEP):
+        user = user[: -len(SEP)]
+    elif user.endswith(SEP.strip()):
+        user = user[:-1]
+    return user, tail.strip()
+
+
+def fit(user: str, ours: str, max_len: int) -> tuple[str, str]:
+    """(whole field, our part as written): at most max_len, the user's part cut visibly.
+
+    Our summary gives way first (down to marker, cause and culprits) so the user keeps at
+    least USER_MIN characters; the user's part is then cut and ends in TRUNCATED.
+    """
+    ours = _shorten(ours, max_len)
+    if not user:
+        return ours, ours
+    was_cut = user.endswith(TRUNCATED)
+    if was_cut:
+        user = user[: -len(TRUNCATED)]  # cut by an earlier write: cut again, marked once
+    if not was_cut and len(user) + len(SEP) + len(ours) <= max_len:
+        return f"{user}{SEP}{ours}", ours
+    head = ours.partition(" - ")[0]
+    keep = min(len(user), USER_MIN) + len(TRUNCATED)
+    ours = _shorten(ours, max(max_len - len(SEP) - keep, len(head)))
+    room = max_len - len(SEP) - len(ours)
+    if room <= len(TRUNCATED):
+        return ours, ours  # max_len too small for both: ours alone
+    if not was_cut and len(user) <= room:
+        return f"{user}{SEP}{ours}", ours
+    cut = user[: room - len(TRUNCATED)].rstrip()
+    return f"{cut}{TRUNCATED}{SEP}{ours}", ours
+
+
+def compose(existing: str | None, ours: str, known: Iterable[str] = (), max_len: int = 400) -> tuple[str, str]:
+    """The field to write over ``existing`` and our part as it will be written."""
+    user, _old = split(existing, known)
+    return fit(neutralise(user), ours, max_len)
+
+
+def merge(existing: str | None, ours: str, known: Iterable[str] = (), max_len: int = 400) -> str:
+    """The user's comment (neutralised, without a part of ours in ``known``) followed by ours."""
+    return compose(existing, ours, known, max_len)[0]
+
+
+def carries(current: str | None, ours: str) -> bool:
+    """Whether accounting's field ends with our part (case-insensitively: sacctmgr lowercases)."""
+    return bool(current) and bool(ours) and (current or "").rstrip().casefold().endswith(ours.strip().casefold())
+
+
+def _known(row: dict) -> list[str]:
+    return [t for t in (row.get("text"), row.get("written")) if t]
+
+
+def write(slurm: SlurmAccess, store: Store, job_id: str, give_up_after: int = 50,
+          max_len: int = 400) -> tuple[bool, str]:
+    """Try to write the queued comment of job_id now, then read it back. (ok, error)."""
     row = store.comment(job_id)
     if row is None or row["status"] == "written":
         return True, ""
@@ -68,23 +170,73 @@ def write(slurm: SlurmAccess, store: Store, job_id: str, give_up_after: int = 50
         current = slurm.job_comment(raw_id, field)
         if current is None:
             raise SlurmError(f"accounting has no record of job {raw_id} yet")
-        slurm.set_job_comment(raw_id, field, merge(current, row["text"]))
+        full, ours = compose(current, row["text"], _known(row), max_len)
+        if current != full:
+            slurm.set_job_comment(raw_id, field, full)
+            back = slurm.job_comment(raw_id, field)
+            if not carries(back, ours):
+                raise SlurmError(f"job {raw_id}: accounting did not keep the comment (reads {str(back)[:80]!r})")
     except SlurmError as err:
         store.comment_result(job_id, ok=False, error=str(err), give_up_after=give_up_after)
         return False, str(err)
+    # The exact part written is what a later write or verify recognises as ours. sqlite-utils
+    # adds the column to stores created before it existed (alter=True); a concurrent analyser
+    # may have added it a moment ago, then the plain update does.
+    try:
+        store.db["comments"].update(job_id, {"written": ours}, alter=True)
+    except sqlite3.OperationalError:
+        store.db["comments"].update(job_id, {"written": ours})
     store.comment_result(job_id, ok=True)
     return True, ""
 
 
-def retry_pending(slurm: SlurmAccess, store: Store, give_up_after: int = 50) -> tuple[int, int]:
+def retry_pending(slurm: SlurmAccess, store: Store, give_up_after: int = 50,
+                  max_len: int = 400) -> tuple[int, int]:
     """Retry every queued comment; (written, still pending)."""
     ok = bad = 0
     rows = list(store.pending_comments())
-    for i, row in enumerate(rows):
-        done, err = write(slurm, store, row["job_id"], give_up_after)
+    for row in rows:
+        done, err = write(slurm, store, row["job_id"], give_up_after, max_len)
         ok += done
         bad += not done
         if not done and "no record" not in err:
             # Accounting is down: every other write would wait out its timeout too.
             return ok, len(rows) - ok
     return ok, bad
+
+
+def _current_comments(slurm: SlurmAccess, ids: list[str], field: str) -> dict[str, str | None]:
+    batch = getattr(slurm, "job_comments", None)
+    if batch is not None:
+        return batch(ids, field)
+    return {i: slurm.job_comment(i, field) for i in ids}
+
+
+def verify_recent(slurm: SlurmAccess, store: Store, since_s: float, give_up_after: int = 50,
+                  max_len: int = 400, limit: int = 2000) -> dict[str, list[str]]:
+    """Check that accounting still carries our part of every comment written in the last
+    ``since_s`` seconds; re-apply it where it is gone. Returns job ids by outcome:
+    ``ok``, ``reapplied``, ``failed``, ``missing`` (job not in accounting)."""
+    out: dict[str, list[str]] = {"ok": [], "reapplied": [], "failed": [], "missing": []}
+    rows = [dict(r) for r in store.db.query(
+        "select * from comments where status = 'written' and updated_at >= ? order by updated_at desc limit ?",
+        [time.time() - since_s, limit])]
+    by_field: dict[str, list[dict]] = {}
+    for r in rows:
+        by_field.setdefault(r["field"], []).append(r)
+    for field, group in by_field.items():
+        ids = [str(r.get("slurm_job_id") or r["job_id"]) for r in group]
+        current = _current_comments(slurm, ids, field)
+        for r, raw in zip(group, ids):
+            now = current.get(raw)
+            if now is None:
+                out["missing"].append(r["job_id"])
+            elif carries(now, r.get("written") or r["text"]):
+                out["ok"].append(r["job_id"])
+            else:
+                # Dropped (slurmctld restart) or changed by someone: write ours again, keeping
+                # whatever user text is there now.
+                store.db["comments"].update(r["job_id"], {"status": "pending"})
+                done, _err = write(slurm, store, r["job_id"], give_up_after, max_len)
+                out["reapplied" if done else "failed"].append(r["job_id"])
+    return out

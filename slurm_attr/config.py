@@ -41,6 +41,12 @@ class Paths:
     # Writes a finished job's comment through the accounting API (`make -C spank install`).
     # Without it sacctmgr is used, which lowercases the whole comment on Slurm 22.05.
     comment_tool: str = "/usr/libexec/slurm-attr/sattr-comment"
+    # Root-written copies of verdicts, each readable by its job's user alone (`sattr JOBID`
+    # for users). Empty: `verdicts` beside the database (whose directory then gets o+x).
+    verdicts: str = ""
+    # Node-local, root-only state of the node epilog: the ledger of kernel lines already
+    # attributed to a job (collect/ledger.py). Local to each node, never shared.
+    node_state: str = "/var/lib/slurm_attr/node"
 
 
 @dataclass
@@ -50,6 +56,10 @@ class Collect:
     # With kernel_source = "file": the file to read (may contain %n for the node name).
     kernel_file: str = ""
     kernel_cap_bytes: int = 4 * MiB
+    # Root system units whose journal records are trusted evidence beside the kernel log
+    # (comma-separated, e.g. "nvidia-fabricmanager.service"); checked by journald's own
+    # _UID/_SYSTEMD_UNIT/_TRANSPORT fields. Empty: none read (collect/journal.py).
+    journal_units: str = ""
     # Seconds of kernel log before the job's start and after its end to include.
     window_slack_s: int = 120
     fr_cap_bytes: int = 256 * MiB  # all FR dumps of one node together
@@ -64,6 +74,8 @@ class Collect:
     time_budget_s: float = 20.0
     # Remove the job's evidence dir on the node after collecting it.
     remove_job_dir: bool = True
+    # Everything one job's node part may put on the spool (FR + probe + NCCL together).
+    job_cap_bytes: int = 256 * MiB
 
 
 @dataclass
@@ -104,6 +116,27 @@ class Drain:
 
 
 @dataclass
+class Spool:
+    # Bundles older than this many days are pruned by `sattr gc` (and after analyses); 0 keeps all.
+    keep_days: float = 14.0
+    # The bundles together stay under this; the oldest are pruned first (never a pending job's). 0: no cap.
+    max_bytes: int = 20 * 1024 * MiB
+
+
+@dataclass
+class Intake:
+    # Ended jobs waiting for a stored verdict: one small file each, on the controller's local disk.
+    queue_dir: str = "/var/lib/slurm_attr/pending"
+    # How long one analyser keeps retrying a transient failure (database locked) before it
+    # leaves the job to the next hook run or `sattr retry`.
+    retry_for_s: float = 300.0
+    # Backoff between retries of one job: doubles from 5 s up to this.
+    backoff_max_s: float = 600.0
+    # After this many failed attempts the job is given up (its partial verdict, if any, stays).
+    max_attempts: int = 50
+
+
+@dataclass
 class Access:
     # Members of this Unix group see every job's verdict (root and SlurmUser always do).
     admin_group: str = ""
@@ -117,6 +150,8 @@ class Config:
     comment: Comment = field(default_factory=Comment)
     drain: Drain = field(default_factory=Drain)
     access: Access = field(default_factory=Access)
+    spool: Spool = field(default_factory=Spool)
+    intake: Intake = field(default_factory=Intake)
     source: str = ""  # the file it was read from, "" for defaults
 
     def to_dict(self) -> dict[str, Any]:
@@ -169,6 +204,10 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("[collect] time_budget_s: must be positive")
     if not 0 <= cfg.drain.max_partition_percent <= 100:
         raise ConfigError("[drain] max_partition_percent: must be between 0 and 100")
+    if cfg.spool.keep_days < 0 or cfg.spool.max_bytes < 0:
+        raise ConfigError("[spool] keep_days and max_bytes must be >= 0")
+    if cfg.collect.job_cap_bytes <= 0:
+        raise ConfigError("[collect] job_cap_bytes: must be positive")
     if cfg.drain.max_drains < 0 or cfg.drain.window_s <= 0:
         raise ConfigError("[drain] max_drains must be >= 0 and window_s > 0")
 

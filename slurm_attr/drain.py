@@ -29,89 +29,26 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from .breaker import Breaker
 from .config import Config
 from .errors import SlurmError, StoreError
 from .model import Action, Symptom, Verdict, domain_of, is_trusted
+# Node state and its vocabulary live with Slurm's view (slurmstate.py); re-exported here
+# for the CLI and tests. Dependencies run one way: drain -> breaker -> slurmstate.
+from .slurmstate import (BLOCK_ALREADY, BLOCK_BREAKER, NOT_OURS, PREFIX, NodeState,  # noqa: F401
+                         is_ours, reason_job)
 
 log = logging.getLogger("slurm_attr")
 
-PREFIX = "SATTR:"
 DRAIN_ACTIONS = ("drain", "reset", "reboot")
 # Slurm shows at most this much of a reason comfortably (sinfo -R); ours stay well under it.
 REASON_MAX = 80
-
-# State words (scontrol's State=BASE+FLAG+...) that mean a node is out of service or set
-# aside on purpose. A node in any of these for a reason that is not ours is never touched.
-_OUT_WORDS = frozenset({
-    "DRAIN", "DRAINED", "DRAINING", "DOWN", "FAIL", "FAILING", "MAINT", "RESERVED", "REBOOT_REQUESTED",
-    "REBOOT_ISSUED", "POWERED_DOWN", "POWERING_DOWN", "POWER_DOWN", "POWERING_UP", "FUTURE", "ERROR",
-    "PLANNED", "INVALID_REG",
-})
-_REASON_STAMP = re.compile(r"\s*\[[^\]@]*@[^\]]*\]\s*$")  # "... [root@2024-05-01T10:00:00]"
-_JOB_IN_REASON = re.compile(r"\bjob (\S+)")
 _SAFE = re.compile(r"[^A-Za-z0-9:._-]")
 
 BLOCK_OFFLINE = "offline analysis"
 BLOCK_DISABLED = "drain disabled"
 BLOCK_NO_STORE = "no verdict database"
-BLOCK_ALREADY = "already drained"
-BLOCK_BREAKER = "circuit breaker"
 BLOCK_DRY_RUN = "dry-run"
-NOT_OURS = "not our drain"
-
-
-@dataclass(frozen=True)
-class NodeState:
-    """What Slurm says about one node, reduced to what the policy needs."""
-
-    name: str
-    words: frozenset[str]
-    reason: str  # without Slurm's trailing "[user@time]"
-    partitions: tuple[str, ...]
-
-    @classmethod
-    def from_record(cls, rec: dict[str, Any]) -> "NodeState":
-        state = str(rec.get("State") or rec.get("state") or "")
-        words = frozenset(w for w in re.split(r"[+\s,]", state.upper().rstrip("*~#!%$@^-")) if w)
-        reason = str(rec.get("Reason") or rec.get("reason") or "")
-        reason = _REASON_STAMP.sub("", reason).strip()
-        if reason in ("(null)", "none", "None"):
-            reason = ""
-        parts = rec.get("Partitions") or rec.get("partitions") or ""
-        if isinstance(parts, str):
-            parts = [p for p in parts.split(",") if p and p != "(null)"]
-        return cls(name=str(rec.get("NodeName") or rec.get("name") or ""), words=words, reason=reason,
-                   partitions=tuple(parts))
-
-    @property
-    def out_of_service(self) -> bool:
-        """Drained, down, reserved, in maintenance or being rebooted."""
-        return bool(self.words & _OUT_WORDS)
-
-    @property
-    def drained(self) -> bool:
-        return bool(self.words & {"DRAIN", "DRAINED", "DRAINING", "DOWN", "REBOOT_REQUESTED", "REBOOT_ISSUED"})
-
-    @property
-    def ours(self) -> bool:
-        return is_ours(self.reason)
-
-    def describe(self) -> str:
-        """The reason someone else set, or the state words when there is none."""
-        if self.reason:
-            return self.reason
-        shown = sorted(self.words & _OUT_WORDS) or sorted(self.words)
-        return "+".join(shown).lower() or "unknown state"
-
-
-def is_ours(reason: str | None) -> bool:
-    return (reason or "").lstrip().startswith(PREFIX)
-
-
-def reason_job(reason: str | None) -> str | None:
-    """The job id a SATTR: reason names, if any."""
-    m = _JOB_IN_REASON.search(reason or "")
-    return m.group(1) if m else None
 
 
 def may_drain(s: Symptom, hardware_verdict: bool) -> bool:
@@ -252,8 +189,6 @@ def _decide(cfg: Config, act: Action, ids: list[str], slurm: Any, store: Any, pa
         # We drained it for this job before and someone (a person) resumed it since: respect that.
         act.blocked_by = BLOCK_ALREADY
         return
-    from .breaker import Breaker  # breaker builds on this module's NodeState
-
     brk = Breaker(store, cfg.drain)
     if brk.tripped():
         act.blocked_by = BLOCK_BREAKER

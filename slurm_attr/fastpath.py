@@ -1,31 +1,37 @@
 """The node epilog's fast path: drain THIS node before its epilog ends on fatal local evidence.
 
 A node goes back to IDLE the moment its own Epilog exits (research/slurm.md §3), long
-before the central analysis has a verdict. So when the kernel log the collector just
-wrote (``nodes/<node>/kernel.log``, trusted: the job cannot write it) matches a
-catalog rule whose action is drain, reset or reboot, the epilog applies the drain
-policy to this one node itself, with the same etiquette, breaker and dry-run as the
-central path (drain.apply_policy, path "fast"), and records the decision in the
-verdict database. The central analysis then finds the node drained by us and
-records "already drained" instead of draining it twice.
+before the central analysis has a verdict. So the epilog reads the node's kernel window
+into memory first and, when it matches a catalog rule whose action is drain, reset or
+reboot (trusted: the job cannot write the kernel log), drains this one node itself with
+``scontrol update`` before anything touches the spool or the verdict database.
 
-Cost: nothing but a stat when the window's kernel log is empty; otherwise the rule
-catalog load without its inline cases (~100-200 ms cold; logged on every run) plus
-one pass over at most ``[collect] kernel_cap_bytes`` (~100 ms for 4 MB). Slurm and
-the database are touched only when a fatal line matched.
+It needs neither: the spool may be full or read-only, and the database lives on the
+controller's local disk only (one SQLite file written from every node over a network
+filesystem is a known way to corrupt it). The circuit breaker's state comes from Slurm
+itself (slurmstate.py): our drains are the nodes whose reason starts with ``SATTR:``,
+with the reasons' timestamps and the partitions' sizes, so every node sees the same
+state. The decision is recorded durably later: in ``nodes/<node>/fastpath.json`` when the
+spool takes it, and in any case by the central analysis, which reconciles its store
+from Slurm's reasons (reconcile.py). A breaker a person tripped in the database
+is not visible here; the limits themselves are.
+
+Cost: nothing when the window is empty; otherwise the rule catalog load without its
+inline cases (~100-200 ms cold; logged on every run) plus one pass over at most
+``[collect] kernel_cap_bytes``. Slurm is asked only when a fatal line matched.
 Never raises: the epilog must exit 0 whatever happens here.
 """
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any, Callable
 
 from . import drain, safefs
 from .config import Config
-from .errors import SattrError, StoreError, UnsafePath
+from .errors import SlurmError, UnsafePath
 from .model import Action, Symptom, Verdict
+from .slurmstate import BLOCK_ALREADY, BLOCK_BREAKER, NOT_OURS, SlurmView, limit_check
 
 log = logging.getLogger("slurm_attr")
 
@@ -52,15 +58,6 @@ def _open_slurm(cfg: Config) -> Any:
     return default_backend(cfg.paths.slurm_bin, cfg.paths.slurm_conf, timeout=SLURM_TIMEOUT_S)
 
 
-def _open_store(cfg: Config) -> Any:
-    from .store import Store
-
-    # Never create it here: a database that only this node sees would hold a breaker of its own.
-    if not os.path.exists(cfg.paths.database):
-        raise StoreError(f"no verdict database at {cfg.paths.database} on this node")
-    return Store(cfg.paths.database)
-
-
 def fatal_symptoms(symptoms: list[Symptom], node: str) -> list[Symptom]:
     """This node's symptoms that may take it out on their own (trusted, catalog action)."""
     return [s for s in symptoms if s.node == node and drain.may_drain(s, hardware_verdict=False)]
@@ -73,32 +70,40 @@ def local_verdict(job_id: str, node: str, fatal: list[Symptom]) -> Verdict:
                    culprit_gpus=[str(worst.gpu)] if worst.gpu not in (None, "") else [], symptoms=fatal)
 
 
-def run(cfg: Config, job_id: str, node: str, bundle_dir: str, slurm: Any = None, store: Any = None) -> list[Action]:
-    """Check this node's kernel log and drain the node if it is fatal. Never raises.
+def run(cfg: Config, job_id: str, node: str, kernel: "bytes | str", slurm: Any = None) -> list[Action]:
+    """Check this node's kernel window and drain the node if it is fatal. Never raises.
 
-    ``slurm`` and ``store`` are for tests; the epilog opens the configured ones.
-    Returns the decisions (empty when nothing fatal was found or on error).
+    ``kernel`` is the window's text as read into memory by the epilog, or (offline, tests)
+    a bundle directory whose ``nodes/<node>/kernel.log`` is read. ``slurm`` is for tests;
+    the epilog opens the configured backend. Returns the decisions (empty when nothing
+    fatal was found or on error).
     """
     t0 = time.monotonic()
     try:
-        return _run(cfg, job_id, node, bundle_dir, slurm, store, t0)
+        return _run(cfg, job_id, node, kernel, slurm, t0)
     except Exception as err:  # noqa: BLE001 - the node epilog must exit 0, always
         log.exception("fast path on %s failed after %.0f ms: %s", node, (time.monotonic() - t0) * 1000, err)
         return []
 
 
-def _run(cfg: Config, job_id: str, node: str, bundle_dir: str, slurm: Any, store: Any, t0: float) -> list[Action]:
+def _kernel_bytes(cfg: Config, node: str, kernel: "bytes | str") -> bytes:
+    if isinstance(kernel, (bytes, bytearray)):
+        return bytes(kernel[-cfg.collect.kernel_cap_bytes:]) if len(kernel) > cfg.collect.kernel_cap_bytes else bytes(kernel)
+    try:
+        return safefs.read_file(kernel, f"nodes/{node}/kernel.log", cfg.collect.kernel_cap_bytes).data
+    except UnsafePath as err:
+        log.info("fast path on %s: no kernel log (%s)", node, err)
+        return b""
+
+
+def _run(cfg: Config, job_id: str, node: str, kernel: "bytes | str", slurm: Any, t0: float) -> list[Action]:
     if not cfg.drain.enabled or not cfg.drain.fast_path:
         return []  # the central analysis still records its decision
     rel = f"nodes/{node}/kernel.log"
-    try:
-        res = safefs.read_file(bundle_dir, rel, cfg.collect.kernel_cap_bytes)
-    except UnsafePath as err:
-        log.info("fast path on %s: no kernel log (%s)", node, err)
+    data = _kernel_bytes(cfg, node, kernel)
+    if not data.strip():
         return []
-    if not res.data.strip():
-        return []
-    lines = [(i, safefs.decode(raw).rstrip("\r")) for i, raw in enumerate(res.data.split(b"\n"), 1) if raw.strip()]
+    lines = [(i, safefs.decode(raw).rstrip("\r")) for i, raw in enumerate(data.split(b"\n"), 1) if raw.strip()]
 
     tc = time.monotonic()
     load_catalog, extract_lines = _catalog_api()
@@ -121,23 +126,65 @@ def _run(cfg: Config, job_id: str, node: str, bundle_dir: str, slurm: Any, store
 
     verdict = local_verdict(job_id, node, fatal)
     tp = time.monotonic()
-    try:
-        store = store if store is not None else _open_store(cfg)
-    except SattrError as err:
-        # The breaker's state lives in the database: without it the node is not drained
-        # here; the central analysis (which has the database) decides instead.
-        log.error("fast path on %s: %s fatal, but the verdict database is unavailable (%s); "
-                  "leaving the drain to the central analysis", node, fatal[0].id, err)
-        return []
     slurm = slurm if slurm is not None else _open_slurm(cfg)
-    acts = drain.apply_policy(cfg, verdict, {"slurm_job_id": job_id}, slurm=slurm, store=store, path="fast")
-    try:
-        store.record_actions(job_id, acts, path="fast", actor=f"epilog@{node}")
-    except Exception as err:  # noqa: BLE001 - the drain stands; losing its record must not fail the epilog
-        log.error("fast path on %s: could not record the decision: %s", node, err)
+    acts = []
+    for cand_node, action, reason in drain.candidates(verdict):
+        kind = "reboot" if action in ("reboot", "reset") and cfg.drain.reboot else "drain"
+        act = Action(kind=kind, node=cand_node, reason=reason, applied=False)
+        try:
+            _decide(cfg, act, slurm)
+        except Exception as err:  # noqa: BLE001 - log and leave it to the central path
+            log.exception("fast path decision for %s failed", cand_node)
+            act.applied, act.blocked_by = False, f"error: {type(err).__name__}: {err}"[:200]
+        acts.append(act)
     policy_ms = (time.monotonic() - tp) * 1000
     for a in acts:
         log.warning("fast path on %s: %s %s (%s) in %.0f ms [catalog %.0f ms, match %.0f ms, policy %.0f ms]",
                     node, a.kind, "applied" if a.applied else f"blocked: {a.blocked_by}", a.reason,
                     (time.monotonic() - t0) * 1000, catalog_ms, extract_ms, policy_ms)
     return acts
+
+
+def _decide(cfg: Config, act: Action, slurm: Any) -> None:
+    """drain.apply_policy's order, with the breaker's state read from Slurm instead of a database."""
+    node = act.node or ""
+    try:
+        rec = slurm.show_node(node)
+    except SlurmError as err:
+        act.blocked_by = f"slurm error: {err}"[:200]
+        return
+    if not rec:
+        act.blocked_by = "node unknown to Slurm"
+        return
+    st = drain.NodeState.from_record(rec)
+    if st.out_of_service:
+        act.blocked_by = BLOCK_ALREADY if st.ours else f"{NOT_OURS}: {st.describe()}"[:200]
+        return
+    if cfg.drain.dry_run:
+        act.blocked_by = drain.BLOCK_DRY_RUN
+        return
+    try:
+        view = slurm_view(slurm)
+    except SlurmError as err:
+        act.blocked_by = f"slurm error: {err}"[:200]
+        return
+    why = limit_check(view, node, st.partitions, cfg.drain.max_drains, cfg.drain.window_s,
+                      cfg.drain.max_partition_percent)
+    if why:
+        log.warning("fast path: circuit breaker: %s", why)
+        act.blocked_by = BLOCK_BREAKER
+        return
+    used, err = drain._carry_out(slurm, node, act.kind, act.reason)
+    act.kind = used
+    if err is not None:
+        act.blocked_by = err
+        return
+    act.applied = True
+
+
+def slurm_view(slurm: Any) -> SlurmView:
+    """Node records plus, where the backend has it, ``sinfo -R``'s reason timestamps."""
+    records = slurm.nodes()
+    reasons = getattr(slurm, "reasons", None)
+    rows = reasons() if callable(reasons) else []
+    return SlurmView.build(records, rows)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -55,7 +54,12 @@ def _opted_out(env: dict[str, str]) -> bool:
 
 
 def node_main(env: dict[str, str]) -> int:
-    from .collect.node import NodeJob, collect_node
+    """Kernel window into memory -> fast path (Slurm only) -> the bundle part (spool) -> clean-up.
+
+    The order is the point: a full or read-only spool, or a locked database, must not stop a
+    fatal node from being drained, and the job's evidence dir and rank maps go whatever failed."""
+    from .collect import kernel
+    from .collect.node import NodeJob, cleanup, collect_node, read_kernel
 
     job_id = env.get("SLURM_JOB_ID", "")
     node = env.get("SLURMD_NODENAME", "")
@@ -65,25 +69,69 @@ def node_main(env: dict[str, str]) -> int:
     cfg = config_mod.load()
     key = spool.bundle_key(job_id, _int(env.get("SLURM_JOB_RESTART_COUNT")))
     start = _int(env.get("SLURM_JOB_START_TIME")) or None
-    doc = collect_node(cfg, NodeJob(job_id=job_id, node=node, bundle_key=key, opted_out=_opted_out(env),
-                                    start=float(start) if start else None))
-    summary = " ".join(f"{k}={v.get('status')}" for k, v in doc["sources"].items())
-    log.info("node %s collected in %.0f ms: %s", node, doc["ms"], summary)
-    _fast_path(cfg, job_id, node, key)
+    from .collect.window import scontrol_reader
+
+    # uid: a job dir owned by anyone else is neither read nor removed; show_job: the trusted start
+    # (22.05's epilog env has no SLURM_JOB_START_TIME), issue 10.
+    job = NodeJob(job_id=job_id, node=node, bundle_key=key, opted_out=_opted_out(env),
+                  start=float(start) if start else None,
+                  uid=_int(env.get("SLURM_JOB_UID"), -1) if env.get("SLURM_JOB_UID", "").isdigit() else None,
+                  show_job=scontrol_reader(cfg.paths.slurm_bin, env.get("SLURM_CONF") or cfg.paths.slurm_conf))
+    t0 = time.monotonic()
+    try:
+        try:
+            win, win_ms = read_kernel(cfg, job, t0 + cfg.collect.time_budget_s)
+        except Exception as err:  # noqa: BLE001 - collect what else there is
+            log.exception("node %s: kernel window failed", node)
+            win, win_ms = kernel.KernelWindow(b"", "error", f"{type(err).__name__}: {err}"[:300]), 0.0
+        acts = _fast_path(cfg, job_id, node, win.text)
+        if acts:
+            _record_fast(cfg, key, node, acts)
+        doc = collect_node(cfg, job, window=win, window_ms=win_ms)
+        summary = " ".join(f"{k}={v.get('status')}" for k, v in doc["sources"].items())
+        log.info("node %s collected in %.0f ms: %s", node, doc["ms"], summary)
+    finally:
+        # collect_node cleans up too; this covers a failure before or inside it.
+        _ranks, err = cleanup(cfg, job)
+        if err:
+            log.error("node %s: could not remove the job's evidence dir %s/%s (%s): left for the admin",
+                      node, cfg.paths.evidence_root, job_id, err)
     return 0
 
 
-def _fast_path(cfg: Any, job_id: str, node: str, key: str) -> None:
-    """Drain this node before its epilog ends when its own kernel log is fatal."""
+def _fast_path(cfg: Any, job_id: str, node: str, kernel_text: bytes) -> list[Any]:
+    """Drain this node before its epilog ends when its own kernel window is fatal."""
     try:
         from . import fastpath
     except ImportError:
-        return
-    fastpath.run(cfg, job_id, node, spool.bundle_dir(cfg.paths.spool, key))
+        return []
+    return fastpath.run(cfg, job_id, node, kernel_text)
+
+
+def _record_fast(cfg: Any, key: str, node: str, acts: list[Any]) -> None:
+    """The fast path's decisions beside the node part, for the central analysis to store.
+    Best effort: the drain itself is in Slurm's reason, which the central side reconciles."""
+    import json
+
+    from .collect.node import _write
+
+    node_dir = os.path.join(spool.bundle_dir(cfg.paths.spool, key), "nodes", node)
+    try:
+        spool.ensure_dir(node_dir)
+        _write(os.path.join(node_dir, "fastpath.json"),
+               json.dumps([a.to_dict() for a in acts], indent=1).encode())
+    except OSError as err:
+        log.warning("node %s: fast path decision not written to the spool (%s); Slurm's reason has it", node, err)
 
 
 def controller_main(env: dict[str, str]) -> int:
+    """job.json facts -> the durable intake (pending) -> the bundle's controller part -> analysis.
+
+    The pending record comes first and lives on the controller's local disk: whatever fails
+    after it (spool full, database locked, the analyser killed), the job is not forgotten."""
+    from . import intake
     from .collect import controller
+    from .errors import SlurmError
     from .slurm import from_config
 
     job_id = env.get("SLURM_JOB_ID", "")
@@ -92,7 +140,12 @@ def controller_main(env: dict[str, str]) -> int:
         return 0
     cfg = config_mod.load()
     slurm = from_config(cfg, timeout=10)
-    job = controller.fetch_job(slurm, job_id)
+    try:
+        job = controller.fetch_job(slurm, job_id)
+    except SlurmError as err:
+        log.error("controller epilog: slurmctld did not answer for job %s (%s); using the hook's environment",
+                  job_id, err)
+        job = None
     if job is None:
         job = {"job_id": job_id, "slurm_job_id": job_id, "nodes": _nodes_from_env(env)}
     # scontrol's NodeList shrinks as nodes finish COMPLETING (our node epilogs are fast):
@@ -105,9 +158,22 @@ def controller_main(env: dict[str, str]) -> int:
         job.setdefault("uid", int(env["SLURM_JOB_UID"]))
     job["opted_out"] = _opted_out(env)
     key = spool.bundle_key(job_id, _int(env.get("SLURM_JOB_RESTART_COUNT")))
+    try:
+        intake.record(cfg, key, job)
+    except OSError as err:
+        log.error("job %s: could not record it as pending in %s (%s); analysing without a safety net",
+                  job_id, cfg.intake.queue_dir, err)
     bdir = spool.bundle_dir(cfg.paths.spool, key)
     logs = _glob_list(cfg.collect.scheduler_logs)
-    controller.write_controller_part(bdir, job, cfg.collect.output_tail_bytes, logs)
+    try:
+        controller.write_controller_part(bdir, job, cfg.collect.output_tail_bytes, logs)
+    except OSError as err:
+        # Spool full or read-only: the facts are in the pending record; the analysis uses them.
+        log.error("job %s: controller part not written to the spool (%s)", job_id, err)
+        try:
+            intake.note(cfg, key, f"spool: {err.strerror or err}: analysed from the job's facts")
+        except OSError:
+            pass
     _spawn_analysis(key, env)
     return 0
 
@@ -138,22 +204,20 @@ def _spawn_analysis(key: str, env: dict[str, str]) -> None:
                          close_fds=True)
 
 
-def _on_alarm(signum: int, frame: object) -> None:
-    raise TimeoutError("analysis exceeded [analysis] timeout_s")
-
-
 def analyze_main(key: str) -> int:
-    from .postmortem import finish_job
-    from .slurm import from_config
-    from .store import Store
+    """This job to a stored verdict (retry.py), then any pending job whose backoff has
+    passed (the "next hook run" retry), then the spool's retention, at most every few minutes."""
+    from . import gc, retry
 
     cfg = config_mod.load()
-    # A hard stop: a wedged accounting call must not leave analysers piling up.
-    signal.signal(signal.SIGALRM, _on_alarm)
-    signal.alarm(max(1, int(cfg.analysis.timeout_s)))
-    slurm = from_config(cfg, timeout=10)
-    store = Store(cfg.paths.database)
-    finish_job(cfg, slurm, store, spool.bundle_dir(cfg.paths.spool, key))
+    outcome = retry.process(cfg, key)
+    log.info("job %s: %s", key, outcome)
+    if outcome in ("stored", "busy", "gone"):
+        # Others wait for a hook run; this one went through, so the store is likely free now.
+        done = retry.retry_due(cfg, limit=10, exclude=key)
+        if done:
+            log.info("retried pending jobs: %s", " ".join(f"{k}={v}" for k, v in sorted(done.items())))
+    gc.maybe_collect(cfg)
     return 0
 
 

@@ -37,8 +37,13 @@ ACTION_KINDS = ("drain", "reboot", "reset", "none")
 
 # Evidence sources and whether the job could have written them (DESIGN.md §5).
 # Only trusted evidence may lead to a drain or reboot.
-TRUSTED_SOURCES = frozenset({"kernel", "scheduler", "slurm"})
-UNTRUSTED_SOURCES = frozenset({"stdout", "stderr", "fr", "probe", "nccl"})
+# "scheduler" is only the daemon lines the controller collector found structural
+# (collect/provenance.py); daemon lines embedding job-chosen text are "scheduler_untrusted".
+# Kernel lines an earlier job already owns ("kernel_attributed", node ledger) are in neither
+# set on purpose: written by the kernel, but context only, so they never carry an action.
+# "journal" is nodes/<node>/journal.log: records of root system units (collect/journal.py).
+TRUSTED_SOURCES = frozenset({"kernel", "scheduler", "slurm", "journal"})
+UNTRUSTED_SOURCES = frozenset({"stdout", "stderr", "fr", "probe", "nccl", "scheduler_untrusted"})
 
 
 def domain_of(cause: str) -> str:
@@ -57,9 +62,31 @@ class Evidence:
     path: str | None = None  # relative to the bundle root
     line: int | None = None  # 1-based line number in path, when it is a line
     text: str = ""
+    # Provenance (issue 10), additive in the contract: None = decided by the source alone.
+    trusted: bool | None = None
+    # The earlier job a trusted kernel line was already attributed to (node ledger), if any.
+    attributed_to: str | None = None
+
+    @property
+    def is_trusted(self) -> bool:
+        """Whether the job could not have written this line: the source decides, and a
+        caller may only ever lower it (an untrusted source is never made trusted)."""
+        return is_trusted(self.source) and self.trusted is not False
+
+    def label(self) -> str:
+        """What `sattr <job>` prints beside the line: "kernel, trusted", "stdout, untrusted",
+        "kernel, trusted, already attributed to job 123"."""
+        out = f"{self.source}, {'trusted' if self.is_trusted else 'untrusted'}"
+        if self.attributed_to:
+            out += f", already attributed to job {self.attributed_to}"
+        return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "path": self.path, "line": self.line, "text": self.text}
+        d: dict[str, Any] = {"source": self.source, "path": self.path, "line": self.line, "text": self.text,
+                             "trusted": self.is_trusted}
+        if self.attributed_to:
+            d["attributed_to"] = self.attributed_to
+        return d
 
 
 @dataclass
@@ -95,7 +122,15 @@ class Symptom:
             "summary": self.summary,
             "fields": self.fields,
             "evidence": [e.to_dict() for e in self.evidence],
+            "provenance": self.provenance(),
         }
+
+    def provenance(self) -> str:
+        """ "kernel, trusted" / "stdout, untrusted" for rendering: the first evidence line's
+        label, or the symptom's own trust when it has no evidence (a derived fact)."""
+        if self.evidence:
+            return self.evidence[0].label()
+        return "derived, trusted" if self.trusted else "derived, untrusted"
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Symptom":
@@ -112,8 +147,17 @@ class Symptom:
             action=d.get("action", "none"),
             summary=d.get("summary", ""),
             fields=dict(d.get("fields") or {}),
-            evidence=[Evidence(**e) for e in d.get("evidence") or []],
+            evidence=[_evidence(e) for e in d.get("evidence") or []],
         )
+
+
+def _evidence(e: dict[str, Any]) -> Evidence:
+    """An Evidence from its dict, ignoring keys this version does not know (stored verdicts)."""
+    known = {"source", "path", "line", "text", "trusted", "attributed_to"}
+    kw = {k: v for k, v in e.items() if k in known}
+    if kw.get("trusted") is not False:
+        kw["trusted"] = None  # a stored "trusted": true is the source's own verdict: re-derive it
+    return Evidence(**kw)
 
 
 @dataclass

@@ -1,15 +1,19 @@
 """After a job ended: wait for the node parts, analyse, store, act, comment.
 
 Started detached by EpilogSlurmctld so the job can finish COMPLETING while
-this runs. Each step degrades on its own: no accounting -> the comment waits in
-the queue; a node that never delivered -> a coverage entry; a broken analyser
--> coverage, not silence.
+this runs. Each step degrades on its own: no accounting -> the state comes from
+slurmctld and the comment waits in the queue (or, when nothing tells the state,
+the job stays pending in the intake and is re-analysed once accounting answers:
+a COMPLETED job is never stored as `unknown`); a node that never delivered -> a
+coverage entry; a broken analyser -> coverage, not silence; the whole analysis
+timing out or crashing -> ``partial_verdict`` (hooks.py) from what is known.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
+import shutil
 import time
 from typing import Any
 
@@ -17,8 +21,8 @@ from . import comment, spool
 from .analysis import run_bundle
 from .collect import controller
 from .config import Config
-from .errors import SlurmError
-from .model import Verdict
+from .errors import SattrError, SlurmError
+from .model import Coverage, Verdict
 from .slurm.base import SlurmAccess
 from .store import Store
 
@@ -26,6 +30,9 @@ log = logging.getLogger("slurm_attr")
 
 # Accounting writes are asynchronous: the final state can lag the job's end by seconds.
 SACCT_SETTLE_S = 10.0
+# Each analysis re-checks the comments written this long ago at most (and this many).
+VERIFY_WINDOW_S = 3600.0
+VERIFY_LIMIT = 200
 
 
 def read_job_json(bundle_dir: str) -> dict[str, Any]:
@@ -37,58 +44,171 @@ def read_job_json(bundle_dir: str) -> dict[str, Any]:
         return {}
 
 
-def _settle_state(slurm: SlurmAccess, job: dict[str, Any], deadline: float) -> dict[str, Any]:
+class AccountingPending(SattrError):
+    """Nothing tells the job's final state yet (accounting down, slurmctld undecided): not stored,
+    the intake keeps the job and it is re-analysed once accounting answers."""
+
+
+def _from_slurmctld(slurm: SlurmAccess, job: dict[str, Any], raw: str) -> dict[str, Any]:
+    """slurmctld's final state word (it keeps a finished job for MinJobAge) when accounting is down."""
+    if job.get("state_source") in ("sacct", "scontrol"):
+        return job
+    try:
+        rec = slurm.show_job(raw)
+    except SlurmError:
+        return job
+    if not rec:
+        return job
+    facts = controller.job_facts(rec)
+    if facts.get("state_source") == "scontrol" and facts.get("state"):
+        job = dict(job)
+        for k in ("state", "state_source", "exit_code", "signal", "end_time"):
+            if facts.get(k) is not None:
+                job[k] = facts[k]
+    return job
+
+
+def _settle_state(slurm: SlurmAccess, job: dict[str, Any], deadline: float) -> tuple[dict[str, Any], str]:
+    """(job with the best final state there is, accounting's error or '')."""
     raw = str(job.get("slurm_job_id") or job.get("job_id", ""))
     while True:
         try:
             row = slurm.sacct_job(raw)
         except SlurmError as err:
-            log.info("job %s: accounting not answering (%s); using scontrol's state", raw, err)
-            return job
+            log.info("job %s: accounting not answering (%s); asking slurmctld", raw, err)
+            job = _from_slurmctld(slurm, job, raw)
+            if job.get("state_source") == "scontrol" or time.monotonic() >= deadline:
+                return job, str(err)[:300]
+            time.sleep(1.0)
+            continue
         job = controller.refresh_state(job, row)
         if job.get("state_source") == "sacct" or time.monotonic() >= deadline:
-            return job
+            return job, ""
         time.sleep(0.5)
 
 
-def finish_job(cfg: Config, slurm: SlurmAccess, store: Store, bundle_dir: str) -> Verdict:
-    """The whole after-the-job flow for one bundle; returns the stored verdict."""
-    from . import drain
+def _analysis_dir(cfg: Config, bundle_dir: str) -> tuple[str, bool]:
+    """The bundle, or (when the spool never got it) an empty local stand-in: (path, is_stand_in)."""
+    if os.path.isdir(bundle_dir):
+        return bundle_dir, False
+    path = os.path.join(cfg.intake.queue_dir, "work", os.path.basename(bundle_dir.rstrip("/")))
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path, True
+
+
+def finish_job(cfg: Config, slurm: SlurmAccess, store: Store, bundle_dir: str,
+               job_facts: dict[str, Any] | None = None, notes: list[Coverage] | None = None,
+               progress: dict[str, Any] | None = None) -> Verdict:
+    """The whole after-the-job flow for one bundle; returns the stored verdict.
+
+    ``job_facts``: the intake's copy of the job's facts, used where the bundle has no job.json.
+    Raises AccountingPending (nothing stored) when the state is unknown only for want of accounting.
+    ``progress["stored"]`` turns true once the verdict is in the store (the caller then never
+    replaces it with a partial one if a later step, e.g. the comment, fails)."""
+    from . import drain, reconcile
 
     t0 = time.monotonic()
-    job = read_job_json(bundle_dir)
+    job = read_job_json(bundle_dir) or dict(job_facts or {})
     nodes = [n for n in job.get("nodes") or [] if isinstance(n, str)]
-    missing = controller.wait_for_nodes(bundle_dir, nodes, t0 + cfg.analysis.node_wait_s)
-    if missing:
-        log.warning("job %s: no node part from %s after %.0fs", job.get("job_id"), ",".join(missing),
-                    cfg.analysis.node_wait_s)
-    job = _settle_state(slurm, job, time.monotonic() + SACCT_SETTLE_S)
-    with open(os.path.join(bundle_dir, "job.json"), "w") as f:
-        json.dump(job, f, indent=1)
+    if os.path.isdir(bundle_dir):
+        missing = controller.wait_for_nodes(bundle_dir, nodes, t0 + cfg.analysis.node_wait_s)
+        if missing:
+            log.warning("job %s: no node part from %s after %.0fs", job.get("job_id"), ",".join(missing),
+                        cfg.analysis.node_wait_s)
+    job, acct_err = _settle_state(slurm, job, time.monotonic() + SACCT_SETTLE_S)
+    try:
+        with open(os.path.join(bundle_dir, "job.json"), "w") as f:
+            json.dump(job, f, indent=1)
+    except OSError as err:
+        log.warning("job %s: job.json not updated on the spool (%s); analysing from the facts in memory",
+                    job.get("job_id"), err)
 
-    verdict = run_bundle(bundle_dir, cfg, history=store)
+    adir, stand_in = _analysis_dir(cfg, bundle_dir)
+    fast = reconcile.fast_decisions(bundle_dir if not stand_in else "", job, slurm, store)
+    try:
+        verdict = run_bundle(adir, cfg, history=store, job=job,
+                             extra=reconcile.reason_symptoms(bundle_dir if not stand_in else "", fast))
+    finally:
+        if stand_in:
+            shutil.rmtree(adir, ignore_errors=True)
+    if acct_err:
+        if not job.get("state") and verdict.cause == "unknown":
+            raise AccountingPending(f"job state unknown: accounting unavailable ({acct_err})")
+        verdict.coverage.append(Coverage(source="accounting", status="error",
+                                         detail=f"sacct failed ({acct_err}); state from slurmctld"[:300]))
+    verdict.coverage.extend(notes or [])
+    if stand_in:
+        verdict.coverage.append(Coverage(source="spool", status="missing",
+                                         detail=f"no bundle at {bundle_dir}: analysed from the job's facts"))
     verdict.actions = drain.apply_policy(cfg, verdict, job, slurm=slurm, store=store, path="central")
-    store.save(job, verdict, bundle_path=bundle_dir, analysis_ms=(time.monotonic() - t0) * 1000)
+    reconcile.record_fast(store, verdict.job_id, fast)
+    store.save(job, verdict, bundle_path=bundle_dir if not stand_in else "",
+               analysis_ms=(time.monotonic() - t0) * 1000)
+    if progress is not None:
+        progress["stored"] = True
     if verdict.actions:
         store.record_actions(verdict.job_id, verdict.actions, path="central")
+    _publish_user_copy(cfg, job, verdict)
 
     if cfg.comment.enabled:
         text = comment.verdict_text(verdict, cfg.comment.max_len)
         raw = str(job.get("slurm_job_id") or verdict.job_id)
         store.queue_comment(verdict.job_id, raw, cfg.comment.field, text)
         _write_comment_with_retries(cfg, slurm, store, verdict.job_id)
-        # Anything an earlier outage left queued goes out now too.
-        comment.retry_pending(slurm, store, cfg.comment.max_attempts)
+        # Anything an earlier outage left queued goes out now too, and comments a slurmctld
+        # restart reset to the user's text get ours back (the timer's `comments --verify`
+        # covers the rest; this bounded pass is one sacct call).
+        comment.retry_pending(slurm, store, cfg.comment.max_attempts, cfg.comment.max_len)
+        mine = store.comment(verdict.job_id)
+        try:
+            if mine is None or mine["status"] != "written":
+                raise SlurmError("accounting did not take this job's comment")  # down: no 3rd timeout
+            comment.verify_recent(slurm, store, VERIFY_WINDOW_S, cfg.comment.max_attempts, cfg.comment.max_len,
+                                  limit=VERIFY_LIMIT)
+        except SlurmError as err:
+            log.info("job %s: comment verification skipped (%s)", verdict.job_id, err)
     log.info("job %s: %s (%s) in %.0f ms", verdict.job_id, verdict.cause, verdict.summary,
              (time.monotonic() - t0) * 1000)
     return verdict
+
+
+def partial_verdict(cfg: Config, job: dict[str, Any], bundle_dir: str, failure: str) -> Verdict:
+    """What is known without the full analysis: the job's state and the trusted kernel findings.
+
+    Used when the analysis timed out or crashed. Reads only the nodes' kernel.log (bounded,
+    the catalog without its inline cases); the coverage entry names the failure."""
+    from . import safefs
+    from .verdict import decide
+
+    symptoms = []
+    cov = [Coverage(source="analysis", status="error", detail=f"partial verdict: {failure}"[:300])]
+    try:
+        from .rules import build_catalog, extract_lines
+
+        catalog = build_catalog(cfg.analysis.extra_rules or None, check=False)
+        nodes_dir = os.path.join(bundle_dir, "nodes")
+        for node in sorted(os.listdir(nodes_dir)) if os.path.isdir(nodes_dir) else []:
+            rel = f"nodes/{node}/kernel.log"
+            try:
+                data = safefs.read_file(bundle_dir, rel, cfg.collect.kernel_cap_bytes).data
+            except Exception:  # noqa: BLE001 - one node's file must not cost the others
+                continue
+            lines = [(i, safefs.decode(r)) for i, r in enumerate(data.split(b"\n"), 1) if r.strip()]
+            symptoms.extend(s for s in extract_lines(catalog, "kernel", node, rel, lines) if s.trusted)
+        for rule in catalog.job_rules:  # the scheduler's facts: TIMEOUT, OOM, CANCELLED, COMPLETED...
+            sym = rule.run(job)
+            if sym is not None:
+                symptoms.append(sym)
+    except Exception as err:  # noqa: BLE001 - the partial verdict rests on the job state then
+        cov.append(Coverage(source="kernel", status="error", detail=f"not read for the partial verdict: {err}"[:300]))
+    return decide(job, symptoms, cov)
 
 
 def _write_comment_with_retries(cfg: Config, slurm: SlurmAccess, store: Store, job_id: str) -> None:
     # slurmdbd may not have the job's record for a second or two after the end.
     delay = 0.5
     for _ in range(6):
-        ok, err = comment.write(slurm, store, job_id, cfg.comment.max_attempts)
+        ok, err = comment.write(slurm, store, job_id, cfg.comment.max_attempts, cfg.comment.max_len)
         if ok:
             return
         log.info("job %s: comment not written yet (%s)", job_id, err)
@@ -96,6 +216,16 @@ def _write_comment_with_retries(cfg: Config, slurm: SlurmAccess, store: Store, j
             return  # accounting is down, not lagging: the queue retries later
         time.sleep(delay)
         delay = min(delay * 2, 4.0)
+
+
+def _publish_user_copy(cfg: Config, job: dict[str, Any], verdict: Verdict) -> None:
+    # What `sattr <job>` shows the job's user (the database is root's, the Comment is theirs).
+    from . import usercopy
+
+    try:
+        usercopy.publish(cfg, job, verdict)
+    except (OSError, SattrError) as err:
+        log.warning("job %s: user copy of the verdict not written: %s", verdict.job_id, err)
 
 
 def bundle_for(cfg: Config, key: str) -> str:

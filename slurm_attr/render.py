@@ -160,6 +160,31 @@ def _evidence_block(v: Verdict) -> list[str]:
     return lines
 
 
+def _claims_block(v: Verdict) -> list[str]:
+    """Untrusted claims the verdict did not take at their word, and why (issue 10)."""
+    shown = [s for s in v.symptoms if isinstance(s.fields, dict) and s.fields.get("claim") in ("contradicted", "unconfirmed")]
+    shown += [s for s in v.symptoms if isinstance(s.fields, dict) and s.fields.get("earlier") and s not in shown]
+    if not shown:
+        return []
+    lines = ["", "Not taken at their word:"]
+    # one line per rule and reason: five ranks repeating one unconfirmed claim are one finding
+    groups: dict[tuple[str, str, str], list[Symptom]] = {}
+    for s in shown:
+        if s.fields.get("claim_note"):
+            note = str(s.fields["claim_note"])
+            why = note if s.fields.get("claim") == "contradicted" or "no complete kernel log" in note else \
+                "claimed by the job's output; the kernel logs of both ends are clean, as a fabric fault can leave them"
+        else:
+            why = f"from {s.fields.get('earlier')}"
+        copy = " (a copy of a kernel log line in the job's output)" if s.fields.get("kernel_format_copy") else ""
+        groups.setdefault((s.id, why, copy), []).append(s)
+    for (sid, why, copy), ss in list(groups.items())[:10]:
+        wheres = sorted({_where(s) for s in ss})
+        shown_where = ", ".join(wheres[:_SHOWN_WHERE]) + (f" (+{len(wheres) - _SHOWN_WHERE})" if len(wheres) > _SHOWN_WHERE else "")
+        lines.append(f"  - {sid} on {shown_where}: {why}{copy}")
+    return lines
+
+
 def _coverage_block(v: Verdict) -> list[str]:
     gaps = [c for c in v.coverage if c.status != "ok"]
     if not gaps:
@@ -249,7 +274,8 @@ def notes(v: Verdict, job: dict[str, Any]) -> list[str]:
     elif v.cause in ("cuda_oom", "host_oom"):
         out.append("Reduce the batch size or ask for more memory (--mem / --mem-per-gpu).")
     elif v.cause == "user_error":
-        out.append("The program failed on its own: the evidence above points at the line to look at.")
+        first = f"{rank_word} {ranks} failed first; the other ranks' errors followed it. " if fields.get("first_failure") and ranks else ""
+        out.append(first + "The program failed on its own: the evidence above points at the line to look at.")
     elif v.cause == "node_failure":
         out.append("Slurm lost a node during the job: resubmit; the admins see it in `sattr nodes`.")
     elif v.cause == "filesystem":
@@ -272,6 +298,7 @@ def verdict_text(v: Verdict, job: dict[str, Any] | None = None, color: bool = Fa
     lines = _header(v, job, color)
     lines += _verdict_block(v, color)
     lines += _evidence_block(v)
+    lines += _claims_block(v)
     lines += _coverage_block(v)
     lines += _actions_block(v)
     if comment_status and comment_status != "written":

@@ -4,7 +4,9 @@ Tables: jobs, verdicts, symptoms, evidence, coverage, actions, comments (the
 accounting-comment queue), meta (schema version); since schema 2 also the drain
 circuit breaker: breaker (tripped state), drain_ledger (automatic drains, the
 breaker's count) and undrains (who resumed which node, and why). WAL and a busy timeout: the
-detached analysers of jobs ending together write at once. Re-analysis of a job
+detached analysers of jobs ending together write at once. The file lives on the controller's
+local disk only (never on a filesystem several hosts write); a writer holding it longer than
+the busy timeout makes calls fail with "database is locked", which callers retry (intake). Re-analysis of a job
 replaces its rows. Per-node/GPU symptom history serves recurrence rules.
 """
 from __future__ import annotations
@@ -98,13 +100,19 @@ def _m2(db: sqlite_utils.Database) -> None:
 MIGRATIONS = [_m1, _m2]
 
 
+def is_locked(err: BaseException) -> bool:
+    """SQLite's 'database is locked' / 'database is busy': another writer, retry later."""
+    text = str(err).lower()
+    return "database is locked" in text or "database is busy" in text or "database table is locked" in text
+
+
 class Store:
     def __init__(self, path: str | None = None, memory: bool = False):
         try:
             if memory or path is None:
                 conn = sqlite3.connect(":memory:")
             else:
-                # Root-only: users read their own verdicts from the accounting comment.
+                # Root-only: users read their own verdicts from root-written copies (usercopy.py).
                 os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o700, exist_ok=True)
                 if not os.path.exists(path):
                     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
@@ -298,6 +306,15 @@ class Store:
             "insert into drain_ledger (node, job_id, kind, path, partitions, reason, at, status) "
             "values (?, ?, ?, ?, ?, ?, ?, 'claimed')", [node, job_id, kind, path, json.dumps(partitions), reason, _now()])
         return int(cur.lastrowid)
+
+    def ledger_record(self, node: str, job_id: str, kind: str, path: str, reason: str, at: float | None = None,
+                      partitions: list[str] | None = None) -> None:
+        """A drain carried out elsewhere (the fast path, found in Slurm's reason): applied at ``at``."""
+        with self.db.conn:
+            self.db.conn.execute(
+                "insert into drain_ledger (node, job_id, kind, path, partitions, reason, at, status) "
+                "values (?, ?, ?, ?, ?, ?, ?, 'applied')",
+                [node, job_id, kind, path, json.dumps(partitions or []), reason, at if at is not None else _now()])
 
     def ledger_settle(self, claim_id: int, status: str, kind: str | None = None) -> None:
         """claimed -> applied (with the kind actually used) or released (Slurm refused)."""

@@ -17,10 +17,10 @@ PROBE_CFLAGS = $(CFLAGS) -std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -Werror -fP
 PROBE_LDFLAGS = $(LDFLAGS) -shared -Wl,-z,relro,-z,now -Wl,--no-undefined
 PROBE_TSAN := -fsanitize=thread -O1 -U_FORTIFY_SOURCE
 
-PROBE_SRC := probe/probe_abi.c probe/probe_events.c probe/probe_file.c
+PROBE_SRC := probe/probe_abi.c probe/probe_events.c probe/probe_file.c probe/probe_lanes.c
 PROBE_HDR := probe/sattr_nccl_abi.h probe/sattr_probe_layout.h probe/probe_internal.h
 PROBE_HARNESS_SRC := tests/probe_harness.c tests/probe_harness_nccl.c tests/probe_harness_job.c \
-	tests/probe_harness_check.c
+	tests/probe_harness_check.c tests/probe_harness_lanes.c
 PROBE_HARNESS_HDR := tests/probe_harness.h probe/sattr_nccl_abi.h probe/sattr_probe_layout.h
 
 PROBE_LIB := $(PROBE_BUILD)/libnccl-profiler-sattr.so

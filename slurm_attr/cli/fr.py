@@ -80,7 +80,7 @@ def fr_command(ctx: click.Context, ref: str, all_groups: bool, before: int, afte
         return
     color = use_color()
     for s in rep.symptoms:
-        mark = "root" if s.role == "root" else "downstream"
+        mark = {"root": "root", "context": "note"}.get(s.role, "downstream")
         line = f"[{mark}] {s.summary}"
         click.echo(click.style(line, fg="red", bold=True) if color and s.role == "root" else line)
         fd = s.fields.get("first_differing_frame")

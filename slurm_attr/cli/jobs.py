@@ -5,12 +5,9 @@ import time
 
 import click
 
-from .. import comment as comment_mod
 from .. import drain, render
 from ..analysis import run_bundle
 from ..bundle import Bundle
-from ..slurm import from_config
-from ..store import Store
 from . import main
 from .options import echo_json, handle_errors, json_option, load_config, use_color
 
@@ -29,12 +26,25 @@ def show(ctx: click.Context, job_id: str, as_json: bool) -> None:
     """
     from .. import access
 
+    from ..errors import NotFound
+    from .pending import pending_line
+
     cfg = load_config(ctx)
-    view = access.job_view(cfg, job_id)
+    try:
+        view = access.job_view(cfg, job_id)
+    except NotFound:
+        waiting = pending_line(cfg, job_id)  # the durable intake: ended, verdict not stored yet
+        if waiting is None:
+            raise
+        click.echo(f"job {job_id}: {waiting}")
+        return
     if as_json:
         echo_json(view.verdict.to_dict())
         return
     click.echo(render.verdict_text(view.verdict, view.job, color=use_color(), comment_status=view.comment_status))
+    waiting = pending_line(cfg, job_id)
+    if waiting:  # a partial verdict, to be replaced by a retry
+        click.echo(f"\n{waiting}")
 
 
 @main.command()
@@ -65,22 +75,42 @@ def analyze(ctx: click.Context, bundle_dir: str, as_json: bool) -> None:
 
 @main.command()
 @click.option("--retry", is_flag=True, help="Write every queued comment now.")
+@click.option("--verify", is_flag=True,
+              help="Check that accounting still shows our part of recently written comments; re-apply it where not.")
+@click.option("--since", default="6h", show_default=True,
+              help="With --verify: comments written this long ago at most (Nm, Nh, Nd). Keep it above MinJobAge.")
 @json_option
 @click.pass_context
 @handle_errors
-def comments(ctx: click.Context, retry: bool, as_json: bool) -> None:
-    """List job comments waiting for accounting, and retry them.
+def comments(ctx: click.Context, retry: bool, verify: bool, since: str, as_json: bool) -> None:
+    """List job comments waiting for accounting, retry them, verify written ones.
+
+    A slurmctld restart resets the Comment of finished jobs still in its memory (within
+    MinJobAge) to the user's own text; `--verify`, run by a timer, puts our part back.
 
     Example:
 
-        sattr comments --retry
+        sattr comments --retry --verify --since 6h
     """
+    from .. import comment as comment_mod  # here, not at the top: `sattr analyze` needs no database
+    from ..slurm import from_config
+    from ..store import Store
+    from .ops import parse_since
+
     cfg = load_config(ctx)
     store = Store(cfg.paths.database)
+    slurm = from_config(cfg) if (retry or verify) else None
     if retry:
-        slurm = from_config(cfg)
-        ok, bad = comment_mod.retry_pending(slurm, store, cfg.comment.max_attempts)
+        ok, bad = comment_mod.retry_pending(slurm, store, cfg.comment.max_attempts, cfg.comment.max_len)
         click.echo(f"{ok} written, {bad} still pending", err=True)
+    if verify:
+        start = parse_since(since)
+        window = time.time() - start if start is not None else 6 * 3600.0
+        got = comment_mod.verify_recent(slurm, store, window, cfg.comment.max_attempts, cfg.comment.max_len)
+        click.echo(f"{len(got['ok'])} verified, {len(got['reapplied'])} re-applied, {len(got['failed'])} failed, "
+                   f"{len(got['missing'])} not in accounting", err=True)
+        for job_id in got["reapplied"]:
+            click.echo(f"re-applied {job_id}", err=True)
     rows = [dict(r) for r in store.db.query("select * from comments where status != 'written' order by updated_at")]
     if as_json:
         echo_json(rows)

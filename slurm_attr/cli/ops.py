@@ -109,11 +109,12 @@ def _plain(s: str) -> str:
 @click.option("--cause", help="Only this cause word (gpu_hardware, user_error, ...).")
 @click.option("--node", help="Only jobs that ran on this node.")
 @click.option("--limit", default=200, show_default=True, help="At most this many jobs, newest first.")
+@click.option("--pending", is_flag=True, help="Ended jobs still waiting for a stored verdict (admins).")
 @json_option
 @click.pass_context
 @handle_errors
 def list_jobs(ctx: click.Context, since: str, user: str | None, cause: str | None, node: str | None, limit: int,
-              as_json: bool) -> None:
+              pending: bool, as_json: bool) -> None:
     """List analysed jobs, newest first, with their verdicts.
 
     Users who are not admins see only their own jobs (where the verdict database
@@ -124,15 +125,20 @@ def list_jobs(ctx: click.Context, since: str, user: str | None, cause: str | Non
         sattr list --since 1d --cause gpu_hardware
 
         sattr list --node n2 --json
+
+        sattr list --pending
     """
     cfg = load_config(ctx)
+    if pending:
+        _list_pending(cfg, as_json)
+        return
     uid, name = access.caller()
     if not access.is_admin(cfg, uid, name):
         if user and user != name:
             raise PermissionDenied(f"you can list only your own jobs (you are {name})")
         if not access.can_read_database(cfg.paths.database):
             raise PermissionDenied("the verdict database is readable only by admins here: "
-                                   "use `sattr JOBID` for one of your jobs (it reads the job's comment)")
+                                   "use `sattr JOBID` for one of your jobs (it reads your copy of its verdict)")
         user = name
     store = _open_store(cfg)
     rows = store.jobs(since=parse_since(since), user=user, cause=cause, node=node, limit=limit)
@@ -153,6 +159,26 @@ def list_jobs(ctx: click.Context, since: str, user: str | None, cause: str | Non
     table = [[o["job_id"], o["user"] or "-", o["state"] or "-", _color(o["cause"] or "?", o["domain"] or "unknown"),
               ",".join(o["culprit_nodes"]) or "-", o["analyzed_at"] or "-", o["summary"][:90]] for o in out]
     click.echo(_table(table, ["JOB", "USER", "STATE", "CAUSE", "CULPRIT", "ANALYSED", "SUMMARY"]))
+
+
+def _list_pending(cfg: Any, as_json: bool) -> None:
+    from .. import intake
+
+    _require_admin(cfg, "list --pending")
+    rows = intake.entries(cfg)
+    if as_json:
+        echo_json([{"job_id": d.get("job_id"), "key": d["key"], "since": _iso(d.get("since")),
+                    "attempts": int(d.get("attempts") or 0), "next_try": _iso(d.get("next_try")),
+                    "last_error": d.get("last_error") or "", "partial_stored": bool(d.get("partial_stored")),
+                    "note": d.get("note") or ""} for d in rows])
+        return
+    if not rows:
+        click.echo("no pending jobs", err=True)
+        return
+    table = [[str(d.get("job_id") or d["key"]), _iso(d.get("since")), str(int(d.get("attempts") or 0)),
+              _iso(d.get("next_try")), "partial" if d.get("partial_stored") else "-",
+              (d.get("last_error") or "-")[:120]] for d in rows]
+    click.echo(_table(table, ["JOB", "PENDING SINCE", "ATTEMPTS", "NEXT TRY", "STORED", "LAST ERROR"]))
 
 
 # -- nodes ------------------------------------------------------------------------------

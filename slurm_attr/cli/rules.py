@@ -7,9 +7,6 @@ from typing import Optional
 
 import click
 
-from ..rules.catalog import build_catalog
-from ..rules.render import render_markdown, render_text
-from ..rules.selftest import run_all
 from . import main
 from .options import handle_errors, load_config
 
@@ -50,7 +47,10 @@ def test_cmd(ctx: click.Context, extra: Optional[str], fixtures: tuple[str, ...]
 
         sattr rules test --extra /etc/slurm/slurm_attr.rules.d
     """
-    catalog = build_catalog(_extra_dir(ctx, extra), check=False)
+    from ..rules import build_catalog
+    from ..rules.selftest import run_all
+
+    catalog = build_catalog(_extra_dir(ctx, extra), check=False)  # run_all reports every case, not the first
     dirs = list(fixtures) or ([str(_CHECKOUT_FIXTURES)] if _CHECKOUT_FIXTURES.is_dir() else [])
     results = run_all(catalog, dirs)
     failed = [r for r in results if not r.ok]
@@ -77,5 +77,8 @@ def list_cmd(ctx: click.Context, fmt: str, extra: Optional[str]) -> None:
 
         sattr rules list --format markdown > docs/rules.md
     """
+    from ..rules import build_catalog
+    from ..rules.render import render_markdown, render_text
+
     catalog = build_catalog(_extra_dir(ctx, extra), check=True)
     click.echo(render_markdown(catalog) if fmt == "markdown" else render_text(catalog), nl=False)

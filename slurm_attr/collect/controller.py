@@ -16,9 +16,13 @@ from datetime import datetime
 from typing import Any
 
 from .. import safefs, spool
+from . import provenance
 from ..errors import SlurmError, UnsafePath
 from ..slurm.base import SlurmAccess
 from ..slurm.hostlist import expand
+
+# Daemon lines about the job that embed job-chosen text (provenance.py): kept, but apart.
+UNTRUSTED_SCHEDULER = "untrusted.txt"
 
 FINAL_STATES = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
                 "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT"}
@@ -137,8 +141,9 @@ def tail_output(path: str, uid: int | None, cap: int) -> tuple[bytes, str, str]:
     except UnsafePath as err:
         return b"", "missing", str(err)
     try:
-        # The owner of the very file we read (fstat, not a second lookup by name).
-        if uid is not None and os.fstat(fd).st_uid != uid:
+        # The owner of the very file we read (fstat, not a second lookup by name). Without a
+        # known uid nothing is copied: root must not tail a file the user merely named.
+        if uid is None or os.fstat(fd).st_uid != uid:
             return b"", "error", f"{path} is not owned by the job's user"
         res = safefs.read_fd(fd, cap, tail=True)
     except OSError as err:
@@ -150,17 +155,44 @@ def tail_output(path: str, uid: int | None, cap: int) -> tuple[bytes, str, str]:
 
 
 def _write(path: str, data: bytes) -> None:
+    """Root-only (0600), never through a link: job.json names the user, uid, account, job
+    name and output path, which other users must not read (issue 10, item 5)."""
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # a leftover tmp file keeps its old mode otherwise
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
     os.replace(tmp, path)
 
 
 def scheduler_lines(log_paths: list[str], slurm_job_id: str, cap: int) -> list[str]:
     """Lines of daemon logs about this job (JobId=N, StepId=N.x, job N), bounded per file."""
+    return [f"{name}: {line}" for name, line in _scheduler_raw(log_paths, slurm_job_id, cap)]
+
+
+def split_scheduler_lines(log_paths: list[str], slurm_job_id: str, cap: int) -> tuple[list[str], list[str]]:
+    """(trusted, untrusted) "<log name>: <line>" lines about this job.
+
+    Trusted only when the whole message is a structural daemon form (provenance.py):
+    slurmd/slurmstepd also log job-chosen text (output path, argv, names) under the
+    job's [job.step] prefix, and such a line must never become a trusted symptom.
+    """
+    trusted: list[str] = []
+    untrusted: list[str] = []
+    for name, line in _scheduler_raw(log_paths, slurm_job_id, cap):
+        ok, _why = provenance.classify_daemon_line(line)
+        (trusted if ok else untrusted).append(f"{name}: {line}")
+    return trusted, untrusted
+
+
+def _scheduler_raw(log_paths: list[str], slurm_job_id: str, cap: int) -> list[tuple[str, str]]:
     pat = re.compile(rf"(?:JobId={slurm_job_id}\b|StepId={slurm_job_id}\.|\bjob[ _]?{slurm_job_id}\b|"
                      rf"\[{slurm_job_id}\.\w+\])", re.IGNORECASE)
-    out: list[str] = []
+    out: list[tuple[str, str]] = []
     for path in log_paths:
         try:
             res = safefs.read_file(os.path.dirname(path) or "/", os.path.basename(path), cap, tail=True)
@@ -171,7 +203,7 @@ def scheduler_lines(log_paths: list[str], slurm_job_id: str, cap: int) -> list[s
             if slurm_job_id.encode() in raw:
                 line = safefs.decode(raw[:4096])
                 if pat.search(line):
-                    out.append(f"{name}: {line}")
+                    out.append((name, line))
     return out
 
 
@@ -193,12 +225,20 @@ def write_controller_part(bundle_dir: str, job: dict[str, Any], output_cap: int,
             spool.ensure_dir(outdir)
             _write(os.path.join(outdir, name), data)
     if log_paths and job.get("slurm_job_id"):
-        lines = scheduler_lines(log_paths, str(job["slurm_job_id"]), log_cap)
+        lines, untrusted = split_scheduler_lines(log_paths, str(job["slurm_job_id"]), log_cap)
         spool.ensure_dir(os.path.join(bundle_dir, "scheduler"))
         _write(os.path.join(bundle_dir, "scheduler", "slurm.log"), ("\n".join(lines) + "\n").encode())
         coverage["scheduler"] = {"status": "ok", "lines": len(lines)}
+        if untrusted:
+            # Not *.log: the rules read scheduler/*.log as the trusted "scheduler" source.
+            _write(os.path.join(bundle_dir, "scheduler", UNTRUSTED_SCHEDULER), ("\n".join(untrusted) + "\n").encode())
+            coverage["scheduler_untrusted"] = {"status": "ok", "lines": len(untrusted),
+                                               "detail": f"scheduler/{UNTRUSTED_SCHEDULER}"}
     job = dict(job)
     job["controller_collect"] = coverage
+    # Who wrote each source (issue 10): the bundle says it itself wherever it is re-analysed.
+    job["provenance"] = {k: provenance.describe(k) for k in
+                         ("slurm", "scheduler", "scheduler_untrusted", "stdout", "stderr")}
     _write(os.path.join(bundle_dir, "job.json"), json.dumps(job, indent=1).encode())
     return job
 
@@ -221,7 +261,53 @@ def fetch_job(slurm: SlurmAccess, job_id: str) -> dict[str, Any] | None:
         sacct = slurm.sacct_job(job_id)
     except SlurmError:
         sacct = None
-    return job_facts(rec, sacct)
+    facts = job_facts(rec, sacct)
+    run = getattr(slurm, "run", None)
+    if callable(run):
+        try:
+            facts = guard_imitated(facts, run("scontrol", "-o", "show", "job", job_id), job_id)
+        except SlurmError:
+            pass  # the record was just read; a second failure leaves the facts as they are
+    return facts
+
+
+# job.json fields that come from each trusted scontrol key (see provenance.imitated_keys).
+_FACTS_OF_KEY = {"UserId": ("user", "uid"), "JobState": ("state", "state_source"),
+                 "Reason": ("reason", "state", "state_source"), "ExitCode": ("exit_code", "signal", "state", "state_source"),
+                 "StartTime": ("start_time",), "EndTime": ("end_time",), "RunTime": (),
+                 "NodeList": ("nodes",), "Restarts": ("restart_count",), "BatchFlag": ("batch",),
+                 "NumTasks": ("num_tasks",)}
+
+
+def guard_imitated(facts: dict[str, Any], raw: str, job_id: str) -> dict[str, Any]:
+    """Drop job.json fields whose scontrol key occurs more than once in the job's record.
+
+    The job's name, comment, paths and command are printed in the same line as Slurm's
+    own fields; a copy of "UserId=root(0)" or "Reason=NodeDown" in them would otherwise
+    be read as Slurm's. What is dropped comes back from trusted places: uid/user from
+    the hook's environment, state/exit from accounting (refresh_state), the window from
+    the structural StartTime/EndTime (window.scontrol_times) when it is unambiguous.
+    """
+    from .window import scontrol_times
+
+    lines = [ln for ln in raw.splitlines() if ln.startswith(f"JobId={job_id} ")]
+    if not lines:
+        return facts  # the record went away between the two reads
+    # Two records for one job id: a newline in the job's own text started a second one.
+    bad = provenance.imitated_keys(lines[0]) if len(lines) == 1 else set(provenance.SCONTROL_TRUSTED_KEYS)
+    if not bad:
+        return facts
+    out = dict(facts)
+    for key in sorted(bad):
+        for name in _FACTS_OF_KEY.get(key, ()):
+            out.pop(name, None)
+    start, end, _elapsed, _why = scontrol_times(raw, job_id)
+    if start is not None:
+        out["start_time"] = datetime.fromtimestamp(start).astimezone().isoformat(timespec="seconds")
+    if end is not None:
+        out["end_time"] = datetime.fromtimestamp(end).astimezone().isoformat(timespec="seconds")
+    out["imitated_fields"] = sorted(bad)
+    return out
 
 
 def wait_for_nodes(bundle_dir: str, nodes: list[str], deadline: float, poll: float = 0.2) -> list[str]:

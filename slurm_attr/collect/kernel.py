@@ -11,7 +11,7 @@ import os
 import re
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from .. import safefs
@@ -29,6 +29,11 @@ class KernelWindow:
     text: bytes
     status: str  # ok | missing | error | truncated
     detail: str = ""
+    # Filled by the node collector (collect/node.py read_kernel), not by the readers here:
+    span: dict = field(default_factory=dict)  # window.Window.to_dict(): where start/end came from
+    attributed: bytes = b""  # lines an earlier job already owns (ledger.py), moved out of text
+    attributed_lines: list = field(default_factory=list)  # [{line, key, job_id, recorded}] for those
+    ledger: dict = field(default_factory=dict)  # {status, detail} of the ledger step, when it ran
 
 
 def line_time(line: str, year: int) -> float | None:

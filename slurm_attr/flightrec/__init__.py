@@ -7,6 +7,7 @@ Layout (one module per thing it owns):
 - ``loader``      finding dumps in a bundle, prefix detection, parallel loading
 - ``groups``      process groups and their expected members
 - ``analysis``    per-group alignment by seq id, majority vote, root vs cascade
+- ``siblings``    tie-breaking in two-member groups by groups of the same shape
 - ``symptoms``    findings -> Symptom / Coverage
 - ``matrix``      the rank x sequence matrix and its terminal rendering
 - ``html``        the self-contained HTML report
@@ -79,8 +80,10 @@ def analyze(bundle: Bundle, cfg: Config) -> tuple[list[Symptom], list[Coverage]]
     """Flight Recorder symptoms and coverage for one bundle (the verdict's FR input).
 
     Symptoms: ``fr.collective_mismatch``, ``fr.rank_stuck``, ``fr.comm_hang``
-    (roots, one per culprit rank) and ``fr.downstream_hang`` (cascade, one per
-    downstream group); all untrusted. A healthy set of dumps gives none.
+    (roots, one per culprit rank; ``no_dump`` in fields when the rank left no
+    dump) and ``fr.downstream_hang`` (cascade, one per downstream group, its
+    ranks in ``behind_ranks``); a missing dump nobody is seen waiting for is a
+    ``context`` note; all untrusted. A healthy set of dumps gives none.
     """
     try:
         rep = inspect(bundle, cfg)

@@ -5,16 +5,21 @@ every member's buffer still holds (ring buffers wrap differently per rank). At
 each sequence number the members vote on the signature (op, sizes, dtypes); the
 minority is the culprit, never "whoever sorted first". Ties (two-rank groups)
 are broken by what the group's own history says follows the previous
-collective, then by how common each signature is. The first divergence is
-classified: a skipped collective (the culprit issued what the others issue
-next), a different op, size or dtype.
+collective, then by sibling groups of the same shape (siblings.py), then by how
+common each signature is; a tie that stays names both sides, ambiguous. The
+first divergence is classified: a skipped collective (the culprit issued what
+the others issue next), a different op, size or dtype.
 
 A member whose last enqueued collective is below the others', while the others
 wait in the next one, never reached it. Such a rank is the root (``rank_stuck``)
 unless it is itself waiting in some other group's broken collective: then it
 is a downstream consequence. Where a rank is missing from several groups, the
 one it fails first in program order (the waiting ranks' own record order, time
-only as a tie-breaker) is reported (research §7.5).
+only as a tie-breaker) is reported (research §7.5). A member that left no dump,
+while every dumped member waits in the same collective, is the one they wait
+for. Ranks that wait on each other across groups (collectives issued in a
+different order) are split by where they wait: the ranks outside the largest
+set are the ones whose order differs.
 """
 from __future__ import annotations
 
@@ -23,8 +28,9 @@ from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 
-from .groups import Group, build_groups, order_key
+from .groups import Group, build_groups, order_key, world_ranks
 from .loader import DumpSet
+from .siblings import sibling_votes
 from .types import NO_SIG, Sig
 
 MISMATCH_KINDS = ("skip", "op", "size", "dtype", "order")
@@ -51,6 +57,10 @@ class Finding:
     behind: tuple[int, ...] = ()  # cascade: every rank behind in this group
     blocked_in: dict[int, tuple[str, int]] = field(default_factory=dict)  # cascade: rank -> where it waits
     blocked_by: tuple[int, ...] = ()  # cascade: root culprit ranks
+    tied_with: tuple[int, ...] = ()  # an undecided tie: the ranks on the other side
+    weak: bool = False  # no_dump: the others' op may have ended (Gloo): a root only if it blocks someone
+    membership_inferred: bool = False  # no_dump: the rank's membership of the group is inferred, not listed
+    tie_break: str = ""  # how a tied vote was decided (history | siblings | frequency), "" if it was not tied
 
 
 @dataclass
@@ -63,6 +73,8 @@ class Analysis:
     findings: list[Finding] = field(default_factory=list)
     windows: dict[str, tuple[int, int]] = field(default_factory=dict)
     needs_history: set[int] = field(default_factory=set)
+    # weak no-dump suspects nobody is blocked behind: said, not blamed
+    context: list[Finding] = field(default_factory=list)
 
 
 @dataclass
@@ -122,7 +134,7 @@ def _vote(ds: DumpSet, g: Group, an: Analysis) -> list[Finding]:
     out_of = set()  # classes that already diverged: their later entries are shifted
     consensus: dict[int, int] = {}
     succ: dict[int, set[int]] = {}
-    pending: list[tuple[int, int, int, int, bool, list[int]]] = []  # (seq, class, sig, majority sig, ambiguous, majority classes)
+    pending: list[tuple[int, int, int, int, bool, list[int], str]] = []  # (seq, class, sig, majority sig, ambiguous, majority classes, tie break)
     freq: Counter[int] = Counter()
     for c, w in zip(classes, weight):
         for s in set(c.sigs):
@@ -143,26 +155,41 @@ def _vote(ds: DumpSet, g: Group, an: Analysis) -> list[Finding]:
             top = max(wsum.values())
             tops = [s for s in votes if wsum[s] == top]
             ambiguous = False
+            tie_break = ""
             if len(tops) == 1:
                 maj = tops[0]
             else:
+                # A tie (a two-member group cannot vote): first what this group's own program
+                # did after the previous collective, then what sibling groups of the same shape
+                # (TP0 vs TP1) issued at this seq, then how common each signature is here.
                 prev = consensus.get(k - 1)
                 follows = succ.get(prev, set()) if prev is not None else set()
-                scored = sorted(tops, key=lambda s: (s in follows, freq[s], -min(classes[ci].ranks[0] for ci in votes[s])), reverse=True)
-                best = (scored[0] in follows, freq[scored[0]])
-                ambiguous = (scored[1] in follows, freq[scored[1]]) == best
+                sib = sibling_votes(ds, an.groups, g, k, consensus, lo)
+                def score(s: int) -> tuple[bool, int, int]:
+                    return (s in follows, sib[s], freq[s])
+                scored = sorted(tops, key=lambda s: (*score(s), -min(classes[ci].ranks[0] for ci in votes[s])), reverse=True)
+                a, b = score(scored[0]), score(scored[1])
+                ambiguous = a == b
                 maj = scored[0]
+                if not ambiguous:
+                    tie_break = "history" if a[0] != b[0] else "siblings" if a[1] != b[1] else "frequency"
             for s, cis in votes.items():
                 if s != maj:
                     for ci in cis:
                         out_of.add(ci)
-                        pending.append((k, ci, s, maj, ambiguous, votes[maj]))
+                        pending.append((k, ci, s, maj, ambiguous, votes[maj], tie_break))
+            if ambiguous:
+                # Still tied: nobody can say which side broke it. Both sides are named.
+                others = [ci for s, cis in votes.items() if s != maj for ci in cis]
+                for ci in votes[maj]:
+                    out_of.add(ci)
+                    pending.append((k, ci, maj, next(s for s in votes if s != maj), True, others, ""))
         prev = consensus.get(k - 1)
         consensus[k] = maj
         if prev is not None:
             succ.setdefault(prev, set()).add(maj)
     findings = []
-    for k, ci, s, maj, ambiguous, maj_cis in pending:
+    for k, ci, s, maj, ambiguous, maj_cis, tie_break in pending:
         nxt = consensus.get(k + 1)
         if nxt is not None:
             skipped = s == nxt
@@ -175,7 +202,8 @@ def _vote(ds: DumpSet, g: Group, an: Analysis) -> list[Finding]:
         for r in classes[ci].ranks:
             findings.append(Finding(kind=kind, pg=g.name, seq=k, rank=r, sig=s, majority_sig=maj, majority_ranks=maj_ranks,
                                     waiting=maj_ranks, ambiguous=ambiguous, at_window_start=truncated,
-                                    confidence="low" if ambiguous else "high"))
+                                    confidence="low" if ambiguous else "medium" if tie_break == "frequency" else "high",
+                                    tied_with=maj_ranks if ambiguous else (), tie_break=tie_break))
     return findings
 
 
@@ -251,6 +279,44 @@ def _behind(ds: DumpSet, g: Group) -> list[Finding]:
     return out
 
 
+def _no_dump(ds: DumpSet, g: Group, absent: tuple[int, ...]) -> list[Finding]:
+    """Members without a dump, when every dumped member waits in the same collective.
+
+    If all ranks that did dump entered collective #N of the group and none
+    completed it, the member that left no dump is the one they wait for: it
+    crashed, was killed, or is stuck outside the collective. Only a minority of
+    missing members is named (when most dumps are missing, FR cannot say who).
+    A group whose dumped members completed their last collective names nobody.
+    """
+    missing = [r for r in g.members if r not in ds.traces]
+    known = [r for r in g.members if r in g.reach]
+    inferred = False
+    if not missing and g.members_from == "entries" and absent:
+        # Members known only from entries (stock Gloo's broken pg_config): a member that left
+        # no dump is invisible here, but a group whose every member waits is waiting for
+        # someone. The job's ranks without a usable dump are then the candidates.
+        missing = list(absent)
+        inferred = True
+    if not missing or not known or len(missing) > len(known):
+        return []
+    top = max(g.reach[r] for r in known)
+    if top < 0 or any(g.reach[r] != top for r in known):
+        return []
+    strict = all(_strictly_pending(ds, g, r, top) for r in known)
+    # Gloo retires a failed op like a finished one: "it is the last thing this rank did" is
+    # all a dump can say then. Such a weak finding names the rank only if some other rank
+    # is blocked behind it (_attribute); a job that simply ended names nobody.
+    if not strict and not all(_waits(ds, g, r, top) is not None for r in known):
+        return []
+    sigs = {ds.traces[r].streams[g.name].sig(top) for r in known if g.name in ds.traces[r].streams}
+    if len(sigs) != 1 or NO_SIG in sigs:
+        return []
+    sig = next(iter(sigs))
+    return [Finding(kind="not_reached", pg=g.name, seq=top, rank=r, majority_sig=sig, majority_ranks=tuple(known),
+                    waiting=tuple(known), no_dump=True, confidence="low" if inferred or not strict else "medium",
+                    membership_inferred=inferred, weak=not strict) for r in missing]
+
+
 def _strictly_pending(ds: DumpSet, g: Group, r: int, seq: int) -> bool:
     tr = ds.traces.get(r)
     st = tr.streams.get(g.name) if tr else None
@@ -273,10 +339,8 @@ def _hang(ds: DumpSet, g: Group) -> list[Finding]:
     if len(sigs) != 1:
         return []
     sig = next(iter(sigs))
-    no_dump = [r for r in g.members if r not in ds.traces]
-    if no_dump:
-        return [Finding(kind="not_reached", pg=g.name, seq=top, rank=r, majority_sig=sig, majority_ranks=tuple(known),
-                        waiting=tuple(known), no_dump=True, confidence="medium") for r in no_dump]
+    if any(r not in ds.traces for r in g.members):
+        return []  # some members left no dump: _no_dump names them, or nobody can be named
     return [Finding(kind="hang", pg=g.name, seq=top, rank=None, majority_sig=sig, majority_ranks=tuple(known), waiting=tuple(known))]
 
 
@@ -316,10 +380,12 @@ def analyse(ds: DumpSet) -> Analysis:
     an = Analysis(groups=groups)
     votes: list[Finding] = []
     behind: list[Finding] = []
+    absent = tuple(sorted(world_ranks(ds) - set(ds.traces)))  # ranks of the job without a usable dump
     for name in sorted(groups, key=order_key):
         g = groups[name]
         votes.extend(_vote(ds, g, an))
         behind.extend(_behind(ds, g))
+        behind.extend(_no_dump(ds, g, absent))
     for f in votes:
         if f.at_window_start:
             an.needs_history.update(groups[f.pg].members)
@@ -328,10 +394,7 @@ def analyse(ds: DumpSet) -> Analysis:
     if not an.roots:
         hangs = [f for name in sorted(groups, key=order_key) for f in _hang(ds, groups[name])]
         an.findings.extend(hangs)
-        nodump = [f for f in hangs if f.no_dump]
-        if nodump:
-            an.roots.extend(nodump)
-        elif hangs:
+        if hangs:
             hangs.sort(key=functools.cmp_to_key(lambda a, b: program_order(ds, a, b)))
             an.roots.append(hangs[0])
             for f in hangs[1:]:
@@ -387,13 +450,35 @@ def _attribute(ds: DumpSet, an: Analysis, votes: list[Finding], behind: list[Fin
             bl.sort(key=functools.cmp_to_key(lambda a, b: program_order(ds, a, b)))
             for f in fs:
                 cascades.setdefault(r, []).append((f, bl[0]))
+    # A weak no-dump suspect stands only if some dumped rank is blocked behind it.
+    blocking = {blocker.rank for pairs in cascades.values() for _, blocker in pairs}
+    dropped = [f for f in stuck_roots if f.weak and all(x.weak for x in per_rank[f.rank]) and f.rank not in blocking]
+    if dropped:
+        gone = {f.rank for f in dropped}
+        stuck_roots = [f for f in stuck_roots if f.rank not in gone]
+        an.findings = [f for f in an.findings if not (f.no_dump and f.rank in gone)]
+        for f in dropped:
+            f.role = "context"
+        an.context.extend(dropped)
     if not an.roots and not stuck_roots and blocked_map:
         # Everyone waits on someone: ranks waiting on each other (collectives issued in a
-        # different order on different groups). Those in a cycle are the roots.
-        for r in _cycle_ranks(blocked_map):
+        # different order on different groups). The ranks in the cycle split by where they
+        # wait; the largest set kept the common order, the others are the ones whose order
+        # differs. An even split (two ranks, one each way) names them all, ambiguous.
+        cycle = _cycle_ranks(blocked_map)
+        where = {r: (blocked_map[r][0].pg, blocked_map[r][0].seq) for r in cycle}
+        count = Counter(where.values())
+        top = max(count.values(), default=0)
+        common = [w for w, c in count.items() if c == top]
+        odd = [r for r in cycle if where[r] != common[0]] if len(common) == 1 and len(count) > 1 else cycle
+        for r in odd:
             f = sorted(per_rank[r], key=functools.cmp_to_key(lambda a, b: program_order(ds, a, b)))[0]
             f.kind = "order"
-            f.confidence = "medium"
+            f.confidence = "medium" if odd is not cycle else "low"
+            f.ambiguous = odd is cycle
+            f.blocked_in = {r: where[r]}
+            if odd is cycle:
+                f.tied_with = tuple(x for x in cycle if x != r)
             stuck_roots.append(f)
             cascades.pop(r, None)
     an.roots.extend(stuck_roots)

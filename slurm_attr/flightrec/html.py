@@ -12,6 +12,7 @@ from typing import Any
 
 from ..model import Coverage, Symptom
 from .matrix import NO_DATA, NO_DUMP, NOT_REACHED, Matrix
+from .symptoms import ranges
 
 # Colour-blind-safe-ish pastel fills for signatures; the culprit gets a red outline and fill.
 _FILLS = ["#9ecae1", "#a1d99b", "#fdd0a2", "#dadaeb", "#c7e9c0", "#fde0ef", "#d9d9d9", "#c6dbef", "#fee6ce", "#e5f5e0", "#bcbddc", "#f2f0f7"]
@@ -89,7 +90,12 @@ def _matrix_html(m: Matrix) -> str:
 
 def _symptom_html(s: Symptom) -> str:
     f = s.fields
-    parts = [f'<div class="finding {s.role}" data-symptom="{_e(s.id)}"><b>{_e(s.id)}</b> <span class="muted">({_e(s.role)}, cause {_e(s.cause)}, rank {_e(s.rank)}, node {_e(s.node)})</span><br>{_e(s.summary)}']
+    if s.rank is None and f.get("behind_ranks"):
+        # a downstream hang: its victims, not one rank of its own
+        who = f"ranks behind {ranges(f['behind_ranks'])}, nodes {', '.join(f.get('behind_nodes') or []) or '?'}"
+    else:
+        who = f"rank {s.rank}, node {s.node}"
+    parts = [f'<div class="finding {s.role}" data-symptom="{_e(s.id)}"><b>{_e(s.id)}</b> <span class="muted">({_e(s.role)}, cause {_e(s.cause)}, {_e(who)})</span><br>{_e(s.summary)}']
     fd = f.get("first_differing_frame")
     if fd:
         parts.append(f"<br>First differing frame: culprit <code>{_e(fd.get('culprit'))}</code> vs majority <code>{_e(fd.get('majority'))}</code>")

@@ -29,6 +29,7 @@ import copyreg
 import io
 import pickle
 import pickletools
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -108,6 +109,9 @@ class Loaded:
     fmt: str = "pickle"  # pickle | json
 
 
+_PUT = rb"(?:q[\x00-\xff]|r[\x00-\xff]{4})?"  # an optional BINPUT / LONG_BINPUT after a container opcode
+
+
 def _memo_ref(data: bytes, at: int) -> tuple[bytes, int] | None:
     """The BINGET bytes for a BINPUT/LONG_BINPUT at ``at`` and the position after it."""
     if data[at : at + 1] == b"q" and len(data) > at + 1:
@@ -119,36 +123,51 @@ def _memo_ref(data: bytes, at: int) -> tuple[bytes, int] | None:
     return None
 
 
-def _entry_marker(head: bytes) -> tuple[bytes, int] | None:
-    """(bytes that open every entry dict, offset of the first entry) from the head of a dump.
+def _skip_put(data: bytes, at: int) -> int:
+    ref = _memo_ref(data, at)
+    return ref[1] if ref is not None else at
 
-    torch writes each entry as EMPTY_DICT MARK, then its first key: as BINUNICODE
-    plus BINPUT in the first entry, as a BINGET of that memo slot in all others.
+
+def _entry_marker(head: bytes) -> tuple[re.Pattern[bytes], int] | None:
+    """(pattern of the bytes that open every entry dict, offset of the first entry) from a dump's head.
+
+    torch's C++ Pickler writes each entry as EMPTY_DICT MARK, then its first key:
+    as BINUNICODE plus a PUT in the first entry, as a BINGET of that memo slot in
+    all others. A dump that went through Python's pickler (re-written fixtures,
+    the shared workload) also memoises every container: a PUT whose index differs
+    per entry follows EMPTY_DICT and EMPTY_LIST. The pattern accepts either.
     """
     i = head.find(_ENTRIES_KEY)
     if i < 0:
         return None
-    j = i + len(_ENTRIES_KEY)
-    ref = _memo_ref(head, j)
-    if ref is not None:
-        j = ref[1]
-    if head[j : j + 2] != b"](":
+    j = _skip_put(head, i + len(_ENTRIES_KEY))
+    if head[j : j + 1] != b"]":
         return None
-    first = j + 2
-    if head[first : first + 2] != b"}(":
+    j = _skip_put(head, j + 1)
+    if head[j : j + 1] != b"(":
         return None
-    k = first + 2
+    first = j + 1
+    if head[first : first + 1] != b"}":
+        return None
+    k = _skip_put(head, first + 1)
+    if head[k : k + 1] != b"(":
+        return None
+    k += 1
     if head[k : k + 1] == b"X" and len(head) > k + 5:
         n = int.from_bytes(head[k + 1 : k + 5], "little")
         put = _memo_ref(head, k + 5 + n)
         if put is None:
             return None
-        return b"}(" + put[0], first
-    if head[k : k + 1] == b"h":
-        return b"}(" + head[k : k + 2], first
-    if head[k : k + 1] == b"j":
-        return b"}(" + head[k : k + 5], first
-    return None
+        key = put[0]
+    elif head[k : k + 1] == b"h":
+        key = head[k : k + 2]
+    elif head[k : k + 1] == b"j":
+        key = head[k : k + 5]
+    else:
+        return None
+    if len(key) < 2:
+        return None
+    return re.compile(rb"\}" + _PUT + rb"\(" + re.escape(key)), first
 
 
 def load(pread: Callable[[int, int], bytes], size: int, cap: int, tail_entries: int | None) -> Loaded:
@@ -179,11 +198,10 @@ def _load_tail(pread: Callable[[int, int], bytes], size: int, tail_entries: int,
         if found is not None:
             marker, first = found
             starts = [first]
-            while len(starts) <= HEAD_ENTRIES:
-                nxt = head.find(marker, starts[-1] + 2)
-                if nxt < 0:
+            for m in marker.finditer(head, first + 2):
+                starts.append(m.start())
+                if len(starts) > HEAD_ENTRIES:
                     break
-                starts.append(nxt)
         if len(starts) > HEAD_ENTRIES or want_head >= min(HEAD_MAX, cap, size):
             break
         want_head = min(want_head * 4, HEAD_MAX, cap, size)  # big pg_config or deep stacks
@@ -201,14 +219,7 @@ def _load_tail(pread: Callable[[int, int], bytes], size: int, tail_entries: int,
     t0 = max(head_cut, size - want)
     tail = pread(t0, size - t0)
     # Entry starts from the end; a marker-like byte run inside a string only costs a retry.
-    cands: list[int] = []
-    end = len(tail)
-    while len(cands) < tail_entries:
-        k = tail.rfind(marker, 0, end)
-        if k < 0:
-            break
-        cands.append(k)
-        end = k
+    cands = [m.start() for m in marker.finditer(tail)][-tail_entries:][::-1]
     if not cands:
         return None
     for k in (cands[-1], *cands[-2:-5:-1]):

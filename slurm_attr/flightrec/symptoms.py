@@ -182,10 +182,24 @@ class _Builder:
             fields["also_missing_in"] = [{"pg": clean(pg, 80), "collective_seq_id": seq} for pg, seq in f.also[:MAX_LIST]]
         if f.no_dump:
             fields["no_dump"] = True
+            fields["culprit_evidence"] = "no dump: the rank left no Flight Recorder file (crashed, killed, or stuck outside the collective)"
+            if f.membership_inferred:
+                fields["membership"] = "inferred: the dumps do not list this group's members; the rank is one without a dump"
+        if f.tied_with:
+            fields["tied_with"] = _capped(f.tied_with)
+        if f.tie_break:
+            fields["tie_break"] = f.tie_break
+        if f.kind == "order" and f.blocked_in:
+            pg, seq = next(iter(f.blocked_in.values()))
+            fields["waits_in"] = {"pg": clean(pg, 80), "collective_seq_id": seq}
         if f.rank is not None and f.rank in ds.traces:
             tr = ds.traces[f.rank]
             fields["history"] = "newest entries only" if tr.history_truncated else "full"
             evidence.append(Evidence(source="fr", path=tr.path, text=clean(f"rank {f.rank}: {seen}", 300)))
+        elif f.no_dump and f.rank is not None:
+            node = ds.node_of(f.rank)
+            where = f" (node {clean(node, 80)})" if node else ""
+            evidence.append(Evidence(source="fr", path=None, text=clean(f"rank {f.rank}{where}: no Flight Recorder dump", 300)))
         if maj_rank is not None and maj_rank in ds.traces:
             evidence.append(Evidence(source="fr", path=ds.traces[maj_rank].path, text=clean(f"rank {maj_rank} (majority): {_describe(fields, 'majority')} at PG {g.name} #{f.seq}", 300)))
         return Symptom(
@@ -206,7 +220,10 @@ class _Builder:
         if f.kind in ("size", "dtype"):
             return f"rank {f.rank} passed {_describe(d, 'culprit')} where {others} of {label} passed {maj} (collective #{f.seq})"
         if f.kind == "order":
-            return f"rank {f.rank} waits in another group while {label} waits for it at collective #{f.seq}: collectives issued in a different order on different ranks"
+            w = d.get("waits_in")
+            there = f"waits in PG {w['pg']} #{w['collective_seq_id']}" if w else "waits in another group"
+            return (f"rank {f.rank} {there} while {label} waits for it at collective #{f.seq}: it issued collectives in a different "
+                    f"order than {'the other ranks' if not f.ambiguous else 'rank(s) ' + ranges(f.tied_with)}")
         if f.kind == "hang":
             return f"all {len(f.waiting)} ranks of {label} entered collective #{f.seq} ({maj}) and none completed it"
         if f.no_dump:
@@ -222,6 +239,10 @@ class _Builder:
         fields["waiting_ranks"] = _capped(f.waiting)
         fields["blocked_in"] = {str(r): {"pg": clean(pg, 80), "collective_seq_id": s} for r, (pg, s) in list(f.blocked_in.items())[:MAX_LIST]}
         fields["root_ranks"] = list(f.blocked_by)
+        # A downstream hang is about a group, not one rank: its ranks are victims, listed in
+        # behind_ranks/behind_nodes, and the symptom names no rank or node of its own (a
+        # verdict must not count them as culprits).
+        fields["behind_nodes"] = sorted({n for n in (ds.node_of(r) for r in f.behind[:MAX_LIST]) if n})
         where = sorted({f"PG {self.an.groups[pg].label if pg in self.an.groups else pg} #{s}" for pg, s in f.blocked_in.values()})
         if f.kind == "hang":
             text = f"PG {g.label} also hangs at collective #{f.seq} (all {len(f.waiting)} ranks entered it)"
@@ -232,7 +253,7 @@ class _Builder:
                 text += f" (downstream of rank{'s' if len(f.blocked_by) != 1 else ''} {ranges(f.blocked_by)})"
         evidence = [Evidence(source="fr", path=ds.traces[r].path, text=clean(f"rank {r} behind in PG {g.name}", 200)) for r in f.behind[:3] if r in ds.traces]
         return Symptom(id=DOWNSTREAM[0], cause=IDS[f.kind][1] if f.kind == "hang" else "rank_stuck", role="cascade", priority=DOWNSTREAM[1],
-                       trusted=False, action="none", node=ds.node_of(f.rank), rank=f.rank, summary=clean(text, 400), fields=fields, evidence=evidence)
+                       trusted=False, action="none", node=None, rank=None, summary=clean(text, 400), fields=fields, evidence=evidence)
 
 
 def to_symptoms(ds: DumpSet, an: Analysis, read_stacks: bool = True) -> list[Symptom]:
@@ -245,6 +266,12 @@ def to_symptoms(ds: DumpSet, an: Analysis, read_stacks: bool = True) -> list[Sym
         roots = [r for r in out[: len(an.roots)] if r.rank in s.fields.get("root_ranks", ())]
         if roots:
             s.cause = roots[0].cause
+    for f in an.context:
+        s = b.symptom(f)
+        s.role, s.priority = "context", 5
+        s.summary = clean(f"rank {f.rank} left no Flight Recorder dump; the last collective of the other member(s) of PG "
+                          f"{an.groups[f.pg].label} was #{f.seq}, and their dumps do not say whether it ended or failed", 400)
+        out.append(s)
     return out
 
 

@@ -1,4 +1,7 @@
-"""The probe record's binary layout (version 1), mirrored from spank/probe/sattr_probe_layout.h.
+"""The probe record's binary layout (version 2), mirrored from spank/probe/sattr_probe_layout.h.
+
+Version 2 appends a pool of lanes after the slots (per-thread copies of a slot's
+proxy-side group, merged by the reader); version 1 records (no pool) are still read.
 
 Every field is named with its byte offset; the formats below are assembled from those
 offsets with explicit padding, so a drift between C and Python shows up as a wrong offset
@@ -10,11 +13,17 @@ from __future__ import annotations
 import struct
 
 MAGIC = b"SATTRPRB"
-LAYOUT_VER = 1
+LAYOUT_VER = 2
 HDR_SIZE = 4096
 SLOT_SIZE = 2304
 NSLOTS = 40
-FILE_SIZE = HDR_SIZE + NSLOTS * SLOT_SIZE
+NLANES = 16
+LANE_SIZE = 896
+LANES_OFF = HDR_SIZE + NSLOTS * SLOT_SIZE
+FILE_SIZE = LANES_OFF + NLANES * LANE_SIZE
+V1_FILE_SIZE = LANES_OFF  # version 1: no lane pool
+# (hdr_size, slot_size, nslots, file_size) each readable version must announce
+VERSION_SIZES = {1: (HDR_SIZE, SLOT_SIZE, NSLOTS, V1_FILE_SIZE), 2: (HDR_SIZE, SLOT_SIZE, NSLOTS, FILE_SIZE)}
 HRING = 60
 OPRING = 16
 NCHAN = 64
@@ -39,7 +48,7 @@ SLOT_ACTIVE, SLOT_FINALIZED = 1, 2
 # peer kind bits
 PK_NET_SEND, PK_NET_RECV, PK_P2P_SEND, PK_P2P_RECV = 1, 2, 4, 8
 # header flags
-HF_SLOTS_FULL, HF_STEPS_FULL, HF_PEERS_FULL, HF_REOPENED = 1, 2, 4, 8
+HF_SLOTS_FULL, HF_STEPS_FULL, HF_PEERS_FULL, HF_REOPENED, HF_LANES_FULL = 1, 2, 4, 8, 16
 # kch_cur / kch_done: (func << 56) | ((seq mod 2**36) + 1)
 KCH_SEQ_BITS = 36
 
@@ -76,6 +85,7 @@ HEADER_FIELDS = [
     ("ring_head", 168, "I"), ("pxn_foreign", 172, "I"), ("dropped_total", 176, "Q"),
     ("node_name", 184, "32s"), ("slurm_procid", 216, "i"), ("win_ms", 220, "I"),
     ("clock_id", 224, "I"), ("inits", 228, "I"), ("proc_nonce", 232, "Q"),
+    ("lanes_used", 240, "I"), ("lanes_full", 244, "I"),  # version 2 (zero in version 1)
 ]
 HEADER, HEADER_NAMES = _compile(HEADER_FIELDS, 256)
 RING_OFF = 256
@@ -91,7 +101,7 @@ HRING_ENT, HRING_NAMES = _compile(HRING_FIELDS, 64)
 # The part of a slot the analysis reads every time (0..703); rings and tables follow.
 SLOT_FIELDS = [
     ("comm_hash", 0, "Q"), ("state", 8, "I"), ("api_ver", 12, "I"), ("rank", 16, "i"),
-    ("nranks", 20, "i"), ("nnodes", 24, "i"), ("init_ns", 32, "Q"), ("fini_ns", 40, "Q"),
+    ("nranks", 20, "i"), ("nnodes", 24, "i"), ("lane_owner", 28, "I"), ("init_ns", 32, "Q"), ("fini_ns", 40, "Q"),
     ("comm_name", 48, "16s"), ("coll_api_enter", 64, "Q"), ("coll_api_exit", 72, "Q"),
     ("p2p_api_enter", 80, "Q"), ("p2p_api_exit", 88, "Q"), ("group_api_enter", 96, "Q"),
     ("group_api_exit", 104, "Q"), ("last_api_ns", 112, "Q"), ("graph_captured", 120, "I"),
@@ -141,7 +151,19 @@ PEER_FIELDS = [
 PEER_ENT, PEER_NAMES = _compile(PEER_FIELDS, 48)
 PEERS = struct.Struct("<" + PEER_ENT.format[1:] * NPEERS)
 
+# A pool lane: bind = (writer token << 32) | (slot index + 1), then the same proxy-side
+# fields as a slot's 448..703 (the lane core) at 64.., then a peer table at 320.
+CORE_OFF = 448  # where a slot's own lane core starts
+LANE_CORE_OFF, LANE_PEERS_OFF = 64, 320
+CORE_FIELDS = [f for f in SLOT_FIELDS if CORE_OFF <= f[1] < 704]
+LANE_FIELDS = [("bind", 0, "Q"), ("claims", 8, "I")] + [
+    (n, o - CORE_OFF + LANE_CORE_OFF, f) for n, o, f in CORE_FIELDS]
+LANE, LANE_NAMES = _compile(LANE_FIELDS, LANE_PEERS_OFF)
+# how the reader merges a lane's core into its slot: the latest stamp, else the sum
+CORE_MAX = frozenset(("last_progress_ns", "last_send_done_ns", "last_recv_done_ns", "win_start_ns", "win_ms"))
+
 assert HEADER.size == 256 and SLOT_FIXED.size == 704 and OPS.size == OPRING * 32
+assert LANE_PEERS_OFF + PEERS.size == LANE_SIZE and LANES_OFF % 64 == 0
 assert PEERS.size == NPEERS * 48 and PEERS_OFF + PEERS.size == SLOT_SIZE
 assert CHAN_OFF + CHANS.size == PEERS_OFF and RING_OFF + HRING * HRING_ENT.size == HDR_SIZE
 

@@ -1,7 +1,8 @@
 """Finding and reading the probe records of a bundle: nodes/<node>/probe/*.probe.
 
 Reads are bounded by construction: the header and the slots it announces (at most
-40 x 2304 bytes after the 4096-byte header page), with positioned reads on a descriptor opened without following
+40 x 2304 bytes after the 4096-byte header page), and the lanes it announces (at most
+16 x 896 bytes), with positioned reads on a descriptor opened without following
 symlinks or blocking (O_NOFOLLOW, O_NONBLOCK), regular files only. Each node's probe
 directory is opened once (safefs.open_dir, no symlink on the way) and its files relative
 to it, listed by d_type without a stat each: 4096 ranks must read in about 100 ms. Every bad file becomes one Coverage entry; the others still count.
@@ -16,7 +17,7 @@ from ..bundle import Bundle
 from ..errors import UnsafePath
 from ..model import Coverage
 from . import layout as L
-from .record import ProbeFormatError, RankRecord, parse_header, parse_slots
+from .record import ProbeFormatError, RankRecord, parse_header, parse_lanes, parse_slots
 
 SOURCE = "probe"
 SUFFIX = ".probe"
@@ -24,12 +25,44 @@ MAX_FILES_PER_NODE = 1024  # a node runs at most a few dozen ranks; more is junk
 READ_BUDGET_S = 30.0
 
 _FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 
-def _read_record(dfd: int, name: str, relpath: str, node: str, guess: list[int]) -> RankRecord:
-    """One record. ``guess`` holds how many slots the previous records used: one read then
-    usually covers the header and every used slot (ranks of a job have the same
-    communicators), and a second read fetches the rest when it does not."""
+def _open_probe_dir(bundle: Bundle, node: str, nodes_fd: int | None) -> int:
+    """nodes/<node>/probe as a directory fd, no symlink on the way. With ``nodes_fd`` (the
+    bundle's nodes/ opened once by read_bundle) two opens per node instead of four."""
+    if nodes_fd is None:
+        return safefs.open_dir(bundle.root, f"nodes/{node}/probe")
+    fd = nodes_fd
+    try:
+        for part in (node, "probe"):
+            nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            if fd != nodes_fd:
+                os.close(fd)
+            fd = nfd
+        return fd
+    except OSError as err:
+        if fd != nodes_fd:
+            os.close(fd)
+        raise UnsafePath(f"{bundle.root}/nodes/{node}/probe: {os.strerror(err.errno or 0)}") from err
+
+
+class _ReadState:
+    """What one bundle's reads share: the slot-count guess and a reused read buffer."""
+
+    __slots__ = ("guess", "buf", "view")
+
+    def __init__(self) -> None:
+        self.guess = 1  # slots the records so far used: ranks of a job share communicators
+        self.buf = bytearray(L.LANES_OFF)  # the largest header + slots read
+        self.view = memoryview(self.buf)
+
+
+def _read_record(dfd: int, name: str, relpath: str, node: str, st: _ReadState) -> RankRecord:
+    """One record. One read usually covers the header and every used slot (``st.guess``),
+    a second read fetches the rest when it does not. Reads land in a reused buffer and
+    only the used slots are kept (one bytes object): 4096 x 11 KB of fresh buffers per
+    analysis cost more in page faults than the reads themselves."""
     try:
         fd = os.open(name, _FLAGS, dir_fd=dfd)
     except OSError as err:
@@ -38,15 +71,22 @@ def _read_record(dfd: int, name: str, relpath: str, node: str, guess: list[int])
         # No fstat: the listing's d_type said "regular file", O_NOFOLLOW refuses a symlink
         # swapped in since, a FIFO or directory fails the pread (ESPIPE, EISDIR), and a job
         # cannot create devices. Short reads are the size check.
-        data = os.pread(fd, L.HDR_SIZE + guess[0] * L.SLOT_SIZE, 0)
-        rec = parse_header(data, relpath, node)
+        view = st.view
+        got = os.preadv(fd, [view[:L.HDR_SIZE + st.guess * L.SLOT_SIZE]], 0)
+        rec = parse_header(view[:got], relpath, node)
         end = L.HDR_SIZE + rec.nslots_used * L.SLOT_SIZE
-        if end > len(data):
-            data += os.pread(fd, end - len(data), len(data))
-            if len(data) < end:
-                raise ProbeFormatError(f"truncated ({len(data)} bytes for {rec.nslots_used} slots)")
-        guess[0] = max(guess[0], rec.nslots_used)
-        parse_slots(rec, data, L.HDR_SIZE)
+        if end > got:
+            got += os.preadv(fd, [view[got:end]], got)
+            if got < end:
+                raise ProbeFormatError(f"truncated ({got} bytes for {rec.nslots_used} slots)")
+        st.guess = max(st.guess, rec.nslots_used)
+        parse_slots(rec, bytes(view[L.HDR_SIZE:end]))
+        if rec.lanes_used:  # other writer threads' shares (layout version 2), rare
+            size = rec.lanes_used * L.LANE_SIZE
+            lanes = os.pread(fd, size, L.LANES_OFF)
+            if len(lanes) < size:
+                raise ProbeFormatError(f"truncated ({rec.lanes_used} lanes announced)")
+            parse_lanes(rec, lanes)
         return rec
     finally:
         os.close(fd)
@@ -70,19 +110,19 @@ def _probe_files(dfd: int) -> tuple[list[str], list[str]]:
     return files, odd
 
 
-def read_node(bundle: Bundle, node: str, deadline: float, guess: list[int] | None = None
-              ) -> tuple[list[RankRecord], list[Coverage]]:
+def read_node(bundle: Bundle, node: str, deadline: float, state: _ReadState | None = None,
+              nodes_fd: int | None = None) -> tuple[list[RankRecord], list[Coverage]]:
     """The records of one node, and what went wrong with the others."""
     rel = f"nodes/{node}/probe"
     try:
-        dfd = safefs.open_dir(bundle.root, rel)
+        dfd = _open_probe_dir(bundle, node, nodes_fd)
     except UnsafePath as err:
         status = "missing" if "No such file" in str(err) else "error"
         detail = "no probe files (probe off, or NCCL without profiler support)" if status == "missing" else str(err)
         return [], [Coverage(source=SOURCE, node=node, status=status, detail=detail)]
     records: list[RankRecord] = []
     cov: list[Coverage] = []
-    guess = guess if guess is not None else [1]
+    state = state if state is not None else _ReadState()
     try:
         names, odd = _probe_files(dfd)
         for name in odd:
@@ -99,7 +139,7 @@ def read_node(bundle: Bundle, node: str, deadline: float, guess: list[int] | Non
                 break
             relpath = f"{rel}/{name}"
             try:
-                rec = _read_record(dfd, name, relpath, node, guess)
+                rec = _read_record(dfd, name, relpath, node, state)
             except ProbeFormatError as err:
                 cov.append(Coverage(source=SOURCE, node=node, status="error", detail=f"{relpath}: {err}"))
                 continue
@@ -128,9 +168,17 @@ def read_bundle(bundle: Bundle) -> tuple[list[RankRecord], list[Coverage]]:
     nodes = bundle.nodes()
     if not nodes:
         return [], [Coverage(source=SOURCE, status="missing", detail="the bundle has no node parts")]
-    guess = [1]
-    for node in nodes:
-        recs, c = read_node(bundle, node, deadline, guess)
-        records.extend(recs)
-        cov.extend(c)
+    state = _ReadState()
+    try:
+        nodes_fd: int | None = safefs.open_dir(bundle.root, "nodes")
+    except UnsafePath:
+        nodes_fd = None  # each node then says what is wrong
+    try:
+        for node in nodes:
+            recs, c = read_node(bundle, node, deadline, state, nodes_fd)
+            records.extend(recs)
+            cov.extend(c)
+    finally:
+        if nodes_fd is not None:
+            os.close(nodes_fd)
     return records, cov

@@ -70,7 +70,7 @@ class Slot:
 
     __slots__ = ("rec", "index", "buf", "off", "comm_hash", "state", "rank", "nranks", "op_count",
                  "op_digest", "kch_started", "kch_inflight", "kch_cur", "pop_started", "func_seq",
-                 "in_state", "stamps", "_v", "_ops", "_peers")
+                 "in_state", "stamps", "_v", "_ops", "_peers", "_lanes")
 
     def __init__(self, rec: "RankRecord", index: int, buf: bytes, off: int):
         h = L.SLOT_HOT.unpack_from(buf, off)
@@ -83,12 +83,32 @@ class Slot:
         self._v: tuple | None = None
         self._ops: list[OpEntry] | None = None
         self._peers: list[Peer] | None = None
+        self._lanes: tuple[tuple[tuple, bytes, int], ...] = ()  # pool lanes bound to this slot (rare)
+
+    def add_lane(self, values: tuple, buf: bytes, peers_off: int) -> None:
+        """Merge a pool lane (layout.LANE values; its peer table at buf[peers_off:]): the
+        other threads' share of the proxy-side counters (sattr_probe_layout.h, lanes)."""
+        self._lanes += ((values, buf, peers_off),)
+        self.pop_started += values[_L_POP]
+        self.in_state = tuple(a + b for a, b in zip(self.in_state, values[_L_IN_STATE:_L_IN_STATE + L.NWAIT]))
+        if values[_L_PROGRESS] > self.stamps[_ST_PROGRESS]:
+            st = list(self.stamps)
+            st[_ST_PROGRESS] = values[_L_PROGRESS]
+            self.stamps = tuple(st)
+        self._v = self._peers = None
 
     @property
     def v(self) -> tuple:
-        """All fixed fields, in layout.SLOT_NAMES order."""
+        """All fixed fields, in layout.SLOT_NAMES order (pool lanes merged in)."""
         if self._v is None:
-            self._v = L.SLOT_FIXED.unpack_from(self.buf, self.off)
+            v = L.SLOT_FIXED.unpack_from(self.buf, self.off)
+            if self._lanes:
+                m = list(v)
+                for values, _buf, _off in self._lanes:
+                    for si, li, is_max in _CORE_MERGE:
+                        m[si] = max(m[si], values[li]) if is_max else m[si] + values[li]
+                v = tuple(m)
+            self._v = v
         return self._v
 
     @property
@@ -119,7 +139,10 @@ class Slot:
     @property
     def peers(self) -> list[Peer]:
         if self._peers is None:
-            self._peers = decode_peers(self.buf, self.off + L.PEERS_OFF, self.nranks)
+            peers = decode_peers(self.buf, self.off + L.PEERS_OFF, self.nranks)
+            for _values, buf, off in self._lanes:
+                peers = merge_peers(peers, decode_peers(buf, off, self.nranks))
+            self._peers = peers
         return self._peers
 
     def channels(self) -> list[tuple[int, int, int]]:
@@ -143,6 +166,32 @@ for _name, _i in _I.items():
     if _name not in Slot.__slots__:
         setattr(Slot, _name, property(lambda self, _i=_i: self.v[_i]))
 del _name, _i
+
+
+_LI = {name: i for i, name in enumerate(L.LANE_NAMES)}
+_L_POP, _L_IN_STATE, _L_PROGRESS, _L_BIND = _LI["pop_started"], _LI["in_state0"], _LI["last_progress_ns"], _LI["bind"]
+_ST_PROGRESS = L.SLOT_STAMPS.index("last_progress_ns")
+# (index in SLOT_NAMES, index in LANE_NAMES, take the max) for every lane core value
+_CORE_MERGE = tuple((_I[n], _LI[n], n in L.CORE_MAX) for n in L.LANE_NAMES if n in _I)
+
+
+def merge_peers(a: list[Peer], b: list[Peer]) -> list[Peer]:
+    """Peer tables of two lanes of one slot, merged by peer rank: counts and gauges add up,
+    the latest stamps win (and the channel of the lane that moved last)."""
+    by = {p.peer: p for p in a}
+    for q in b:
+        p = by.get(q.peer)
+        if p is None:
+            by[q.peer] = q
+            continue
+        later = max(q.last_send_ms, q.last_recv_ms) > max(p.last_send_ms, p.last_recv_ms)
+        by[q.peer] = Peer(p.peer, q.last_ch if later else p.last_ch, p.kind | q.kind,
+                          p.send_posted + q.send_posted, p.send_done + q.send_done,
+                          p.recv_posted + q.recv_posted, p.recv_done + q.recv_done,
+                          tuple(x + y for x, y in zip(p.wait, q.wait)),
+                          max(p.last_send_ms, q.last_send_ms), max(p.last_recv_ms, q.last_recv_ms),
+                          p.p2p_ops + q.p2p_ops)
+    return list(by.values())
 
 
 def widen(low: int, ref: int, bits: int) -> int:
@@ -196,7 +245,7 @@ class RankRecord:
     layout.HEADER_FIELDS) and its valid communicator slots."""
 
     __slots__ = ("path", "node", "h", "pid", "global_rank", "create_rt_ns", "create_mono_ns",
-                 "nslots_used", "slots", "problems")
+                 "nslots_used", "lanes_used", "slots", "problems")
 
     def __init__(self, path: str, node: str, h: tuple):
         self.path = path  # relative to the bundle root
@@ -204,6 +253,8 @@ class RankRecord:
         self.h = h
         # rank -1: unknown
         self.pid, self.global_rank, self.create_rt_ns, self.create_mono_ns, self.nslots_used = _REC_GET(h)
+        # pool lanes to merge (version 1 has none; its bytes there are reserved zeros)
+        self.lanes_used = h[_LANES] if h[_VER] >= 2 else 0
         self.slots: list[Slot] = []
         self.problems: list[str] = []  # slots skipped, and why
 
@@ -228,8 +279,8 @@ class RankRecord:
         return self.create_rt_ns + (ms_stamp - 1) * 1_000_000
 
 
-_SIZES = (L.HDR_SIZE, L.SLOT_SIZE, L.NSLOTS, L.FILE_SIZE)
 _MAGIC, _VER, _USED, _GRANK = _H["magic"], _H["layout_ver"], _H["nslots_used"], _H["global_rank"]
+_LANES = _H["lanes_used"]
 _SIZE_IDX = slice(_H["hdr_size"], _H["file_size"] + 1)
 assert tuple(L.HEADER_NAMES[_SIZE_IDX]) == ("hdr_size", "slot_size", "nslots", "file_size")
 
@@ -243,12 +294,15 @@ def parse_header(buf: bytes, path: str, node: str) -> RankRecord:
         if h[_MAGIC] == bytes(8):
             raise ProbeFormatError("never initialised (no magic): the process died during its first NCCL init")
         raise ProbeFormatError("not a probe record (bad magic)")
-    if h[_VER] != L.LAYOUT_VER:
+    sizes = L.VERSION_SIZES.get(h[_VER])
+    if sizes is None:
         raise ProbeFormatError(f"unsupported layout version {h[_VER]}")
-    if h[_SIZE_IDX] != _SIZES:
-        raise ProbeFormatError("layout sizes do not match version 1")
+    if h[_SIZE_IDX] != sizes:
+        raise ProbeFormatError(f"layout sizes do not match version {h[_VER]}")
     if h[_USED] > L.NSLOTS:
         raise ProbeFormatError(f"nslots_used {h[_USED]} out of range")
+    if h[_VER] >= 2 and h[_LANES] > L.NLANES:
+        raise ProbeFormatError(f"lanes_used {h[_LANES]} out of range")
     if not -1 <= h[_GRANK] < MAX_RANKS:
         raise ProbeFormatError(f"global rank {h[_GRANK]} out of range")
     return RankRecord(path, node, h)
@@ -270,10 +324,33 @@ def parse_slots(rec: RankRecord, buf: bytes, off: int = 0) -> None:
             rec.problems.append(slot.valid() or f"slot {i}")
 
 
+def parse_lanes(rec: RankRecord, buf: bytes, off: int = 0) -> None:
+    """Merge the used pool lanes, read into ``buf`` from ``off`` (the first lane), into
+    the slots they are bound to. A lane bound to no valid slot is dropped, named."""
+    n = rec.lanes_used
+    if len(buf) - off < n * L.LANE_SIZE:
+        raise ProbeFormatError(f"truncated: {n} lanes announced, {len(buf) - off} bytes for them")
+    by_index = {s.index: s for s in rec.slots}
+    for k in range(n):
+        lo = off + k * L.LANE_SIZE
+        values = L.LANE.unpack_from(buf, lo)
+        target = values[_L_BIND] & 0xFFFFFFFF
+        if target == 0:
+            continue  # never bound
+        slot = by_index.get(target - 1)
+        if slot is None:
+            if target > rec.nslots_used:
+                rec.problems.append(f"lane {k}: bound to slot {target - 1} of {rec.nslots_used}")
+            continue
+        slot.add_lane(values, buf, lo + L.LANE_PEERS_OFF)
+
+
 def parse(data: bytes, path: str = "", node: str = "") -> RankRecord:
     """A whole file's bytes -> RankRecord."""
     rec = parse_header(data, path, node)
     parse_slots(rec, data, L.HDR_SIZE)
+    if rec.lanes_used:
+        parse_lanes(rec, data, L.LANES_OFF)
     return rec
 
 

@@ -54,35 +54,67 @@ def slot_bytes(sp: SlotSpec) -> bytes:
     for opi, func, count, dtype, root, seq in sp.ops:
         L.OP_ENT.pack_into(buf, L.OPS_OFF + (opi % L.OPRING) * 32, (opi + 1) & 0xFFFFFFFF, func, dtype,
                            2, 3, root, 2, 16, 0, count, seq)
-    for i, p in enumerate(sp.peers[: L.NPEERS]):
+    _peer_pack(buf, L.PEERS_OFF, sp.peers)
+    return bytes(buf)
+
+
+@dataclass
+class LaneSpec:
+    """A pool lane (layout version 2): another writer thread's share of slot ``slot``."""
+    slot: int  # slot index (bind's low word is slot + 1; 0 writes an unbound lane)
+    values: dict[str, int] = field(default_factory=dict)  # lane core fields by name (in_state0..5)
+    peers: list[dict] = field(default_factory=list)
+    token: int = 7
+
+
+def _peer_pack(buf: bytearray, off: int, peers: list[dict]) -> None:
+    for i, p in enumerate(peers[: L.NPEERS]):
         wait = tuple(p.get("wait", (0,) * L.NWAIT))
-        L.PEER_ENT.pack_into(buf, L.PEERS_OFF + i * 48, p["peer"] + 1, p.get("last_ch", 0), p.get("kind", 0),
+        L.PEER_ENT.pack_into(buf, off + i * 48, p["peer"] + 1, p.get("last_ch", 0), p.get("kind", 0),
                              p.get("send_posted", 0), p.get("send_done", 0), p.get("recv_posted", 0),
                              p.get("recv_done", 0), *wait, p.get("last_send_ms", 0),
                              p.get("last_recv_ms", 0), p.get("p2p_ops", 0))
+
+
+def lane_bytes(ln: LaneSpec) -> bytes:
+    buf = bytearray(L.LANE_SIZE)
+    v = dict.fromkeys(L.LANE_NAMES, 0)
+    v.update(ln.values)
+    v["bind"] = (ln.token << 32 | (ln.slot + 1)) if ln.slot >= 0 else 0
+    v["claims"] = 1
+    L.LANE.pack_into(buf, 0, *(v[n] for n in L.LANE_NAMES))
+    _peer_pack(buf, L.LANE_PEERS_OFF, ln.peers)
     return bytes(buf)
 
 
 def record_bytes(rank: int, slots: list[SlotSpec], pid: int = 1000, node: str = "", job_id: int = 1,
-                 rt_ns: int = 1_700_000_000_000_000_000, mono_ns: int = 1, full: bool = True) -> bytes:
-    """A whole record; with ``full`` padded to the plugin's fixed size."""
+                 rt_ns: int = 1_700_000_000_000_000_000, mono_ns: int = 1, full: bool = True,
+                 lanes: list[LaneSpec] | None = None, version: int = L.LAYOUT_VER) -> bytes:
+    """A whole record; with ``full`` padded to the plugin's fixed size. ``version`` 1
+    writes the layout before lanes (for the reader's backward compatibility)."""
+    lanes = lanes or []
+    if version == 1 and lanes:
+        raise ValueError("layout version 1 has no lanes")
+    file_size = L.VERSION_SIZES[version][3]
     v = dict.fromkeys(L.HEADER_NAMES, 0)
-    v.update(magic=L.MAGIC, layout_ver=L.LAYOUT_VER, hdr_size=L.HDR_SIZE, slot_size=L.SLOT_SIZE,
-             nslots=L.NSLOTS, file_size=L.FILE_SIZE, pid=pid, global_rank=rank, local_rank=0,
+    v.update(magic=L.MAGIC, layout_ver=version, hdr_size=L.HDR_SIZE, slot_size=L.SLOT_SIZE,
+             nslots=L.NSLOTS, file_size=file_size, pid=pid, global_rank=rank, local_rank=0,
              world_size=0, job_id=job_id, create_rt_ns=rt_ns, create_mono_ns=mono_ns,
              heartbeat_ns=mono_ns, api_ver=5, hostname=node.encode()[:63], node_name=node.encode()[:31],
-             nslots_used=len(slots), slurm_procid=rank, win_ms=1000, clock_id=6)
+             nslots_used=len(slots), slurm_procid=rank, win_ms=1000, clock_id=6, lanes_used=len(lanes))
     head = bytearray(L.HDR_SIZE)
     L.HEADER.pack_into(head, 0, *(v[n] for n in L.HEADER_NAMES))
     data = bytes(head) + b"".join(slot_bytes(s) for s in slots)
-    return data + bytes(L.FILE_SIZE - len(data)) if full else data
+    if lanes:
+        data += bytes(L.LANES_OFF - len(data)) + b"".join(lane_bytes(ln) for ln in lanes)
+    return data + bytes(file_size - len(data)) if full else data
 
 
 def write_bundle(root: str, records: dict[tuple[str, int], bytes], job: dict | None = None) -> None:
     """Lay records out as a bundle: {(node, rank): bytes} -> nodes/<node>/probe/rank<r>.probe.
 
     Files are written sparse (header and used slots, then truncated to the full size):
-    the reader never reads past the used slots, and 4096 x 96 KB need not hit the disk.
+    the reader never reads past the used slots, and 4096 x 108 KiB need not hit the disk.
     """
     os.makedirs(root, exist_ok=True)
     for (node, rank), data in records.items():

@@ -23,7 +23,8 @@ A TOML rule is one file named after its stable id (``gpu.xid`` in
     refine      name of a Python refiner (pyrule.REFINERS) run on every match
     references  where the format comes from
     [[cases]]   match = "..." (+ expect = {field = value}) or nomatch = "..."; at
-                least one of each; optional source = "...". All must pass at load.
+                least one of each; optional source = "...". All must pass in
+                ``sattr rules test`` and CI (selftest.py); an analysis never runs them.
 """
 from __future__ import annotations
 
@@ -33,7 +34,6 @@ import os
 import re
 import sys
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
 if sys.version_info >= (3, 11):
@@ -41,12 +41,15 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from .. import model
 from ..errors import RuleError
 from ..model import ACTION_KINDS, CAUSES, ROLES, domain_of
+from . import speccache
+from . import literals
 from .pyrule import DocTable, HistoryRule, JobRule, Refiner
 
 RULEBOOK = "slurm_attr.rulebook"
-SOURCES = ("kernel", "scheduler", "slurm", "stdout", "stderr", "nccl")
+SOURCES = ("kernel", "scheduler", "slurm", "stdout", "stderr", "nccl", "journal")
 STATUSES = ("experimental", "stable", "deprecated")
 ID_RE = re.compile(r"^[a-z][a-z0-9]*\.[a-z0-9_]+$")
 MAX_WINDOW = 12
@@ -57,12 +60,13 @@ FIELDS = frozenset(
     state unit engine pid comm text message exc exitcode signal status vendor_err opcode peer op seq
     timeout_ms ran_ms pg job step reason device driver layer mc dimm fs server target rc size free
     total code errno path plugin uid intr_info error_status user cpu bank seconds count module task
-    tasks used limit channel gpc tpc sm action nid value fault switch switch_pci ibdev""".split()
+    tasks used limit channel gpc tpc sm action nid value fault switch switch_pci ibdev
+    peer_ip peer_port peer_host local_gid remote_gid ip dev peer_rank nranks port_pci src_pci bits""".split()
 )
 # Fields whose text is a decimal number: they become ints in the symptom.
 NUMERIC = frozenset(
     """rank local_rank xid prev_xid sxid exitcode signal status seq timeout_ms ran_ms pid cuda_dev
-    count rc errno seconds link port vendor_err opcode code uid task cpu bank""".split()
+    count rc errno seconds link port vendor_err opcode code uid task cpu bank peer_port peer_rank nranks""".split()
 )
 _TOML_KEYS = frozenset(
     "id status priority role cause sources action keywords regex window summary description refine references cases".split()
@@ -95,7 +99,7 @@ class Rule:
     cause: str
     sources: tuple[str, ...]
     keywords: tuple[str, ...]
-    regex: "re.Pattern[str]"
+    pattern: str  # the regex's text; ``regex`` compiles it on first use
     action: str = "none"
     window: int = 1
     summary: str = ""
@@ -108,6 +112,20 @@ class Rule:
     @property
     def family(self) -> str:
         return self.id.split(".", 1)[0]
+
+    @functools.cached_property
+    def regex(self) -> "re.Pattern[str]":
+        """The compiled regex. Compiled when a line first needs it: most analyses touch a
+        few rules, and compiling all ~150 costs more than the rest of a small analysis."""
+        return re.compile(self.pattern)
+
+    @functools.cached_property
+    def required(self) -> Optional[frozenset[str]]:
+        """Literals one of which every match holds (literals.py), for the prefilter; None if
+        unproven or a multi-line rule. Kept in the on-disk spec cache: parsing is slow."""
+        if self.window != 1:
+            return None  # the regex spans lines the prefilter does not see together
+        return literals.required_any(self.pattern, keywords=self.keywords)
 
 
 @dataclass
@@ -205,13 +223,15 @@ def parse_rule(path: str, data: Mapping[str, Any]) -> Rule:
         if key in data and not isinstance(data[key], str):
             raise _fail(path, f"'{key}' must be a string")
     cases = _parse_cases(path, data["cases"], sources)
-    return Rule(
+    rule = Rule(
         id=rid, status=data["status"], priority=prio, role=data["role"], cause=data["cause"],
-        sources=sources, keywords=keywords, regex=regex, action=action, window=window,
+        sources=sources, keywords=keywords, pattern=data["regex"], action=action, window=window,
         summary=data.get("summary", ""), description=data.get("description", "").strip(),
         refine=data.get("refine"), references=_str_list(path, "references", data.get("references", [])) if "references" in data else (),
         cases=cases, path=path,
     )
+    rule.__dict__["regex"] = regex  # validated above: no second compile (cached_property's slot)
+    return rule
 
 
 def _parse_cases(path: str, raw: Any, sources: Sequence[str]) -> tuple[Case, ...]:
@@ -258,10 +278,34 @@ def _toml_files(root: Any) -> Iterator[tuple[str, bytes]]:
         yield rel, child.read_bytes()
 
 
-def _load_toml_rules(root: Any, label: str) -> list[Rule]:
+def _rulebook_root() -> Any:
+    """The built-in catalog's directory: the package's own path when it is a directory (as
+    installed, or editable), without importing importlib.resources' readers (~10 ms of every
+    start); its Traversable otherwise (a zipped install)."""
+    pkg = importlib.import_module(RULEBOOK)
+    for path in getattr(pkg, "__path__", None) or ():
+        if os.path.isdir(path):
+            return _Dir(path)
+    from importlib import resources
+
+    return resources.files(RULEBOOK)
+
+
+def _rule_files(extra_dir: Optional[str]) -> list[tuple[str, bytes]]:
+    """(display path, bytes) of every TOML rule: the built-in catalog, then the site's."""
+    files = [(f"rules/{rel}", raw) for rel, raw in _toml_files(_rulebook_root())]
+    if extra_dir:
+        if not os.path.isdir(extra_dir):
+            raise RuleError(f"{extra_dir}: site rule directory does not exist")
+        # Site rules are declarative only: a config path must never make root run Python.
+        label = extra_dir.rstrip("/")
+        files += [(f"{label}/{rel}", raw) for rel, raw in _toml_files(_Dir(extra_dir))]
+    return files
+
+
+def _parse_toml_rules(files: Sequence[tuple[str, bytes]]) -> list[Rule]:
     rules = []
-    for rel, raw in _toml_files(root):
-        path = f"{label}/{rel}"
+    for path, raw in files:
         try:
             data = tomllib.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
@@ -275,7 +319,7 @@ def _load_python_modules() -> tuple[list[JobRule], list[HistoryRule], dict[str, 
     history: list[HistoryRule] = []
     refiners: dict[str, Refiner] = {}
     tables: list[DocTable] = []
-    root = resources.files(RULEBOOK)
+    root = _rulebook_root()
     names = sorted(c.name[:-3] for c in root.iterdir() if c.name.endswith(".py") and not c.name.startswith("_"))
     for name in names:
         path = f"rules/{name}.py"
@@ -313,17 +357,17 @@ def _check_py_rule(path: str, rule: Any, kind: type) -> None:
         raise _fail(path, f"{rule.id}: a Python rule needs inline cases")
 
 
-def build_catalog(extra_dir: Optional[str] = None, check: bool = True) -> Catalog:
+def build_catalog(extra_dir: Optional[str] = None) -> Catalog:
     """Load and validate the built-in catalog plus an optional site rule dir (TOML only).
 
-    With ``check`` every inline case runs and the first failure raises RuleError.
+    Inline cases are not run here (selftest.check_catalog runs them; ``sattr rules test``
+    and CI do): an analysis must not pay for them, nor fail on a rule's example.
     """
-    rules = _load_toml_rules(resources.files(RULEBOOK), "rules")
-    if extra_dir:
-        if not os.path.isdir(extra_dir):
-            raise RuleError(f"{extra_dir}: site rule directory does not exist")
-        # Site rules are declarative only: a config path must never make root run Python.
-        rules += _load_toml_rules(_Dir(extra_dir), extra_dir.rstrip("/"))
+    return _assemble(_parse_toml_rules(_rule_files(extra_dir)), extra_dir)
+
+
+def _assemble(rules: list[Rule], extra_dir: Optional[str]) -> Catalog:
+    """The catalog from validated TOML rules and the Python rule modules."""
     job_rules, history, refiners, tables = _load_python_modules()
     seen: dict[str, str] = {}
     for rid, path in [(r.id, r.path) for r in rules] + [(r.id, "rules/*.py") for r in job_rules + history]:
@@ -334,24 +378,59 @@ def build_catalog(extra_dir: Optional[str] = None, check: bool = True) -> Catalo
         if r.refine and r.refine not in refiners:
             raise _fail(r.path, f"refine names unknown refiner {r.refine!r}")
     rules.sort(key=lambda r: (-r.priority, r.id))
-    catalog = Catalog(rules=rules, job_rules=job_rules, history_rules=history, refiners=refiners,
-                      doc_tables=tables, extra_dir=extra_dir)
-    if check:
-        from .selftest import run_cases  # selftest runs extraction, which needs a Catalog
+    return Catalog(rules=rules, job_rules=job_rules, history_rules=history, refiners=refiners,
+                   doc_tables=tables, extra_dir=extra_dir)
 
-        for result in run_cases(catalog):
-            if not result.ok:
-                raise RuleError(f"{result.path}: {result.name}: {result.detail}")
-    return catalog
+
+_SPEC_FIELDS = ("id", "status", "priority", "role", "cause", "sources", "keywords", "pattern", "action", "window",
+                "summary", "description", "refine", "references", "path")
+
+
+def rule_spec(rule: Rule) -> dict[str, Any]:
+    """A validated rule as JSON values (the on-disk cache's form)."""
+    spec = {name: getattr(rule, name) for name in _SPEC_FIELDS}
+    spec["cases"] = [{"kind": c.kind, "text": c.text, "expect": dict(c.expect), "source": c.source} for c in rule.cases]
+    spec["required"] = sorted(rule.required) if rule.required else None
+    return spec
+
+
+def rule_from_spec(spec: Mapping[str, Any]) -> Rule:
+    """The Rule a ``rule_spec`` came from (not validated again: the cache holds validated rules only)."""
+    values = {name: spec[name] for name in _SPEC_FIELDS}
+    for name in ("sources", "keywords", "references"):
+        values[name] = tuple(values[name])
+    cases = tuple(Case(kind=c["kind"], text=c["text"], expect=c["expect"], source=c["source"]) for c in spec["cases"])
+    rule = Rule(cases=cases, **values)
+    required = spec["required"]
+    rule.__dict__["required"] = frozenset(required) if required else None  # cached_property's slot
+    return rule
+
+
+def _from_cache(key: str) -> Optional[list[Rule]]:
+    specs = speccache.load(key)
+    if specs is None:
+        return None
+    try:
+        return [rule_from_spec(s) for s in specs]
+    except (KeyError, TypeError, AttributeError):
+        return None  # a damaged entry is no entry
 
 
 @functools.lru_cache(maxsize=8)
 def _cached(extra_dir: Optional[str]) -> Catalog:
-    return build_catalog(extra_dir, check=True)
+    files = _rule_files(extra_dir)
+    # keyed by the rule files and by the code that validates them and derives their literals
+    key = speccache.key_for(files, (__file__, model.__file__, literals.__file__))
+    rules = _from_cache(key)
+    if rules is None:
+        rules = _parse_toml_rules(files)
+        speccache.save(key, [rule_spec(r) for r in rules])
+    return _assemble(rules, extra_dir)
 
 
 def load_catalog(extra_dir: Optional[str] = None) -> Catalog:
-    """The validated catalog (cached per extra_dir); raises RuleError naming the file and reason."""
+    """The validated catalog (cached per extra_dir, in memory and on disk by the rule files'
+    hashes); raises RuleError naming the file and reason. Inline cases are not run."""
     return _cached(os.path.abspath(extra_dir) if extra_dir else None)
 
 

@@ -6,6 +6,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 from ..model import ACTION_KINDS, CAUSES, ROLES, TRUSTED_SOURCES, Evidence, Symptom
 from .catalog import NUMERIC, Catalog, Rule
+from .template import fill
 from .scan import RawHit, nccl_origin, parse_time, rank_prefix, scan
 
 MAX_EVIDENCE = 5  # lines kept per de-duplicated symptom; the rest are counted
@@ -24,19 +25,15 @@ def normalize_gpu(value: str) -> str:
     return f"{dom}:{m.group('bus')}:{m.group('dev')}".lower()
 
 
-class _Fields(dict):
-    def __missing__(self, key: str) -> str:
-        return "?"
-
-
 def render_summary(template: str, sym: Symptom) -> str:
-    """Fill a summary template from the symptom's fields; unknown names read '?'."""
-    values = _Fields(sym.fields)
+    """Fill a summary template from the symptom's fields; a missing field is left out with the
+    words that introduce it, never shown as '?' (template.fill)."""
+    values = dict(sym.fields)
     values.update({k: v for k, v in (("node", sym.node), ("rank", sym.rank), ("gpu", sym.gpu)) if v is not None})
-    try:
-        return template.format_map(values)
-    except (ValueError, IndexError, AttributeError):
-        return template
+    return fill(template, values)
+
+
+_INT = re.compile(r"-?\d{1,12}")
 
 
 def _fields(groups: dict[str, Optional[str]]) -> dict[str, Any]:
@@ -45,7 +42,7 @@ def _fields(groups: dict[str, Optional[str]]) -> dict[str, Any]:
         if value is None:
             continue
         value = value.strip()
-        if name in NUMERIC and re.fullmatch(r"-?\d{1,12}", value):
+        if name in NUMERIC and _INT.fullmatch(value):
             out[name] = int(value)
         else:
             out[name] = value[:MAX_TEXT]
@@ -94,10 +91,13 @@ def build_symptom(catalog: Catalog, hit: RawHit, source: str, node: Optional[str
 
 
 def merge(symptoms: Iterable[Symptom]) -> list[Symptom]:
-    """Fold repeats (same id, node, rank, GPU, role, action) into one symptom with a count."""
+    """Fold repeats (same id, node, rank, GPU, role, action; for network findings also the same
+    peer and address) into one symptom with a count."""
     out: dict[tuple[Any, ...], Symptom] = {}
     for s in symptoms:
-        key = (s.id, s.cause, s.role, s.node, s.rank, s.gpu, s.action, s.trusted)
+        # the far end of a failing connection is part of the finding: the verdict votes over peers
+        key = (s.id, s.cause, s.role, s.node, s.rank, s.gpu, s.action, s.trusted,
+               s.fields.get("peer_ip"), s.fields.get("peer_host"), s.fields.get("ip"))
         first = out.get(key)
         if first is None:
             out[key] = s
@@ -110,7 +110,13 @@ def merge(symptoms: Iterable[Symptom]) -> list[Symptom]:
 
 
 # Groups that tell one finding from another; the rest (pids, addresses, text) only vary.
-_IDENTITY = ("pci", "gpu", "node", "rank", "xid", "sxid", "severity", "device", "ibdev", "host", "exitcode")
+_IDENTITY = ("pci", "gpu", "node", "rank", "xid", "sxid", "severity", "device", "ibdev", "host", "exitcode",
+             "status", "peer_ip", "peer_host", "ip")  # status: a flush (5) after an error (12) is another finding
+
+
+def _identity_groups(rule: Rule) -> tuple[str, ...]:
+    """The identity groups this rule's regex has (the others are always None for it)."""
+    return tuple(g for g in _IDENTITY if g in rule.regex.groupindex)
 
 
 def extract_buffer(catalog: Catalog, source: str, node: Optional[str], path: str, buf: bytes,
@@ -120,15 +126,23 @@ def extract_buffer(catalog: Catalog, source: str, node: Optional[str], path: str
     found: list[Symptom] = []
     built: dict[tuple[Any, ...], list[Symptom]] = {}  # identity of a finding -> its symptoms so far
     per_rule: dict[str, int] = {}
+    idents: dict[str, tuple[str, ...]] = {}
     for hit in scan(index, buf):
-        groups = hit.match.groupdict()
-        key = (hit.rule.id, rank_prefix(hit.texts[0])) + tuple(groups.get(g) for g in _IDENTITY)
-        same = built.setdefault(key, [])
+        rule = hit.rule
+        names = idents.get(rule.id)
+        if names is None:
+            names = idents[rule.id] = _identity_groups(rule)
+        m = hit.match
+        key = (rule.id, rank_prefix(hit.texts[0])) + (tuple(map(m.group, names)) if names else ())
+        same = built.get(key)
+        if same is None:
+            same = built[key] = []
         if len(same) >= MAX_EVIDENCE:
             # A repeat of a finding already shown MAX_EVIDENCE times: count it, do not rebuild it.
+            # (Up to then each repeat is built: a refiner may tell repeats apart by other fields.)
             same[-1].fields["occurrences"] = same[-1].fields.get("occurrences", 1) + 1
             continue
-        if not same and per_rule.get(hit.rule.id, 0) >= MAX_PER_RULE:
+        if not same and per_rule.get(rule.id, 0) >= MAX_PER_RULE:
             continue  # one rule flooding a log cannot crowd out the others
         if linenos is not None:
             lineno = linenos[hit.line_index] if hit.line_index < len(linenos) else linenos[-1]
@@ -139,7 +153,7 @@ def extract_buffer(catalog: Catalog, source: str, node: Optional[str], path: str
             same.append(sym)
             found.append(sym)
             if len(same) == 1:
-                per_rule[hit.rule.id] = per_rule.get(hit.rule.id, 0) + 1
+                per_rule[rule.id] = per_rule.get(rule.id, 0) + 1
     return merge(found)
 
 

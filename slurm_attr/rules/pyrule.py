@@ -10,7 +10,7 @@ Rule modules live beside the TOML rules in ``rules/`` (importable as
     drop the match. Example: the Xid table lookup by number.
 ``RULES: list[JobRule]``
     Rules over the scheduler's facts about the job (``job.json``): state, exit
-    code, signal. Each carries inline cases, checked at load like TOML cases.
+    code, signal. Each carries inline cases, checked like TOML cases by `sattr rules test` and CI.
 ``HISTORY_RULES: list[HistoryRule]``
     Rules over this job's symptoms plus other jobs' verdicts (the store), run by
     ``verdict.decide``. Example: the same Xid 13 on one GPU across jobs.

@@ -1,23 +1,22 @@
 """Finding rule matches in a buffer of log lines, fast.
 
 Logs are mostly noise. Running every rule's regex on every line would cost
-~150 regex searches per line; instead each source has a prefilter: the rules'
-literal keywords, reduced to a minimal set of triggers and searched in the
-lower-cased buffer with ``bytes.find`` (C speed, no per-line Python loop).
-Only lines holding a trigger are decoded, and on those only the rules whose
-keywords occur run, highest priority first. The first rule that matches owns
-the line (and, for a multi-line rule, the lines its match spans).
+~150 regex searches per line; instead each source has a prefilter (prefilter.py):
+the rules' literal keywords, and the literals their regexes cannot match without,
+found by Aho-Corasick passes over the lower-cased buffer (C speed, no per-line
+Python loop). Only lines a rule must see are decoded, and on those only those
+rules run, highest priority first. The first rule that matches owns the line
+(and, for a multi-line rule, the lines its match spans).
 """
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Iterator, Optional, Sequence
 
 from ..bundle import MAX_LINE
 from ..safefs import decode
 from .catalog import Rule
-from .prefilter import Plan, Prefilter
+from .prefilter import Prefilter
 
 # Log prefixes to strip from continuation lines of a multi-line block, and to read a time from.
 PREFIX = re.compile(
@@ -67,49 +66,41 @@ class SourceIndex:
     def __init__(self, rules: Sequence[Rule]):
         self.rules = sorted(rules, key=lambda r: (-r.priority, r.id))
         by_kw: dict[str, list[int]] = {}
+        factors: dict[int, frozenset[str]] = {}
         for pos, rule in enumerate(self.rules):
             for kw in rule.keywords:
                 by_kw.setdefault(kw.lower(), []).append(pos)
-        self.prefilter = Prefilter(by_kw)
+            if rule.required:
+                factors[pos] = rule.required
+        self.prefilter = Prefilter(by_kw, factors)
+        # Lines of one kind repeat by the thousand: the rule list of a set of positions is built once.
+        self._ordered: dict[frozenset[int], list[Rule]] = {}
 
-    @property
-    def triggers(self) -> list[bytes]:
-        """The default plan's triggers (small buffers use it)."""
-        return self.prefilter.plans[0].triggers
-
-    def candidates(self, plan: Plan, lower_line: bytes, trigger_ids: Sequence[int]) -> list[Rule]:
-        """Rules whose keywords occur in the (lower-cased) line, highest priority first."""
-        picked: set[int] = set()
-        for t in trigger_ids:
-            for kw, positions in plan.by_trigger[t]:
-                if kw in lower_line:
-                    picked.update(positions)
-        return [self.rules[i] for i in sorted(picked)]
+    def ordered(self, positions: "frozenset[int]") -> list[Rule]:
+        """The rules at these positions, highest priority first."""
+        rules = self._ordered.get(positions)
+        if rules is None:
+            if len(self._ordered) > 4096:
+                self._ordered.clear()  # bounded: a hostile mix of keywords cannot grow it forever
+            rules = self._ordered[positions] = [self.rules[i] for i in sorted(positions)]
+        return rules
 
 
-@dataclass
 class RawHit:
-    """A rule match: the first line's index in the buffer and the lines it spans."""
+    """A rule match: the first line's index in the buffer and the lines it spans.
 
-    line_index: int
-    rule: Rule
-    match: "re.Match[str]"
-    texts: list[str]
+    A plain class with slots: one is made per matching line, tens of thousands per bundle."""
 
+    __slots__ = ("line_index", "rule", "match", "texts")
 
-def _line_starts(lower: bytes, triggers: Sequence[bytes]) -> dict[int, list[int]]:
-    """Start offset of every line holding a trigger -> the triggers it holds."""
-    starts: dict[int, list[int]] = {}
-    find, rfind = lower.find, lower.rfind
-    for t, trig in enumerate(triggers):
-        i = find(trig)
-        while i >= 0:
-            starts.setdefault(rfind(b"\n", 0, i) + 1, []).append(t)
-            end = find(b"\n", i)
-            if end < 0:
-                break
-            i = find(trig, end)
-    return starts
+    def __init__(self, line_index: int, rule: Rule, match: "re.Match[str]", texts: list[str]):
+        self.line_index = line_index
+        self.rule = rule
+        self.match = match
+        self.texts = texts
+
+    def __repr__(self) -> str:
+        return f"RawHit({self.line_index}, {self.rule.id}, {self.texts[0][:60]!r})"
 
 
 def _line_at(buf: bytes, start: int) -> tuple[str, int]:
@@ -124,25 +115,16 @@ def scan(index: SourceIndex, buf: bytes) -> Iterator[RawHit]:
     """Every rule match in ``buf`` (lines separated by b"\\n"), in line order."""
     if not index.rules or not buf:
         return
-    lower = buf.lower()
     line_index = 0
     counted = 0  # newlines are counted up to here, lazily: only matched lines need a number
     skip_until = -1  # lines owned by a multi-line match are not looked at again
-    plan = index.prefilter.plan_for(lower)
-    found = _line_starts(lower, plan.triggers)
-    for start in sorted(found):
+    for start, end, picked in index.prefilter.lines(buf, MAX_LINE):
         if start < skip_until:
             continue
-        end = buf.find(b"\n", start)
-        if end < 0:
-            end = len(buf)
-        rules = index.candidates(plan, lower[start:min(end, start + MAX_LINE)], found[start])
-        if not rules:
-            continue  # a trigger, but none of the keywords behind it
         line = decode(buf[start:min(end, start + MAX_LINE)]).rstrip("\r")
         line_index += buf.count(b"\n", counted, start)
         counted = start
-        for rule in rules:
+        for rule in index.ordered(picked):
             if rule.window == 1:
                 m = rule.regex.search(line)
                 if m:

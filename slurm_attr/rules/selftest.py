@@ -25,6 +25,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
 
+from ..errors import RuleError
 from ..model import Symptom
 from .catalog import Catalog, Case, Rule
 from .extract import build_symptom, extract_lines
@@ -152,6 +153,14 @@ def run_fixture(catalog: Catalog, path: str) -> list[Result]:
         results.append(Result(path, f"{os.path.basename(path)}:strict", not extra,
                               "unexpected " + ", ".join(f"{s.id}@{s.evidence[0].line}" for s in extra) if extra else ""))
     return results
+
+
+def check_catalog(catalog: Catalog) -> Catalog:
+    """The catalog, once every inline case passes; else RuleError naming the first failure."""
+    for result in run_cases(catalog):
+        if not result.ok:
+            raise RuleError(f"{result.path}: {result.name}: {result.detail}")
+    return catalog
 
 
 def run_all(catalog: Catalog, fixture_dirs: Iterable[str] = ()) -> list[Result]:

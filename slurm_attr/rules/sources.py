@@ -14,6 +14,7 @@ from ..config import Config
 from ..errors import UnsafePath
 from ..model import Coverage, Symptom
 from .catalog import Catalog, load_catalog
+from . import parallel
 from .extract import extract_buffer, merge
 
 SCHEDULER_CAP = 4 << 20  # per scheduler log file
@@ -66,6 +67,27 @@ def _attribute(sym: Symptom, ranks: dict[int, str], nodes: list[str]) -> None:
         sym.node = _match_node(sym.node, nodes) or sym.node
 
 
+# One read-and-extract job: (source, node, bundle-relative path, byte cap, optional).
+Task = tuple[str, Optional[str], str, int, bool]
+
+
+def _tasks(bundle: Bundle, cfg: Config, nodes: list[str]) -> list[Task]:
+    """Every file of the bundle the rules read, in the order their symptoms are reported."""
+    tasks: list[Task] = [("kernel", n, f"nodes/{n}/kernel.log", cfg.collect.kernel_cap_bytes, False) for n in nodes]
+    # Root system units' journal records (collect/journal.py), present only when the site names units.
+    tasks += [("journal", n, f"nodes/{n}/journal.log", cfg.collect.kernel_cap_bytes, True) for n in nodes]
+    sched = [p for p in bundle.files("scheduler") if p.endswith(".log")][:MAX_SCHEDULER_FILES]
+    tasks += [("scheduler", None, rel, SCHEDULER_CAP, False) for rel in sched]
+    for name in ("stdout", "stderr"):
+        # A job run with stderr merged into stdout has no stderr file: that loses nothing.
+        tasks.append((name, None, f"output/{name}", cfg.collect.output_tail_bytes, name == "stderr"))
+    for node in nodes:
+        files = bundle.node_files(node, "nccl")[:MAX_NCCL_FILES]
+        cap = max(cfg.collect.nccl_cap_bytes // max(len(files), 1), 64 << 10)
+        tasks += [("nccl", node, rel, cap, False) for rel in files]
+    return tasks
+
+
 def analyze(bundle: Bundle, cfg: Config) -> tuple[list[Symptom], list[Coverage]]:
     """Symptoms and coverage of every source in the bundle, with the site's extra rules."""
     catalog = load_catalog(cfg.analysis.extra_rules or None)
@@ -73,24 +95,10 @@ def analyze(bundle: Bundle, cfg: Config) -> tuple[list[Symptom], list[Coverage]]
     coverage: list[Coverage] = []
     nodes = bundle.nodes()
     ranks = bundle.ranks()
-
-    def add(found: tuple[list[Symptom], list[Coverage]]) -> None:
-        symptoms.extend(found[0])
-        coverage.extend(found[1])
-
-    for node in nodes:
-        add(_read(bundle, catalog, "kernel", node, f"nodes/{node}/kernel.log", cfg.collect.kernel_cap_bytes))
-    sched = [p for p in bundle.files("scheduler") if p.endswith(".log")][:MAX_SCHEDULER_FILES]
-    for rel in sched:
-        add(_read(bundle, catalog, "scheduler", None, rel, SCHEDULER_CAP))
-    for name in ("stdout", "stderr"):
-        # A job run with stderr merged into stdout has no stderr file: that loses nothing.
-        add(_read(bundle, catalog, name, None, f"output/{name}", cfg.collect.output_tail_bytes, optional=name == "stderr"))
-    for node in nodes:
-        files = bundle.node_files(node, "nccl")[:MAX_NCCL_FILES]
-        cap = max(cfg.collect.nccl_cap_bytes // max(len(files), 1), 64 << 10)
-        for rel in files:
-            add(_read(bundle, catalog, "nccl", node, rel, cap))
+    tasks = _tasks(bundle, cfg, nodes)
+    for found, cov in parallel.run(bundle, catalog, tasks, _read_task):
+        symptoms.extend(found)
+        coverage.extend(cov)
     for rule in catalog.job_rules:
         sym = rule.run(bundle.job)
         if sym is not None:
@@ -99,3 +107,8 @@ def analyze(bundle: Bundle, cfg: Config) -> tuple[list[Symptom], list[Coverage]]
         if not sym.trusted:
             _attribute(sym, ranks, nodes)
     return merge(symptoms), coverage
+
+
+def _read_task(bundle: Bundle, catalog: Catalog, task: Task) -> tuple[list[Symptom], list[Coverage]]:
+    source, node, rel, cap, optional = task
+    return _read(bundle, catalog, source, node, rel, cap, optional=optional)

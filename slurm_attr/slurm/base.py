@@ -18,6 +18,9 @@ class SlurmAccess(Protocol):
     def job_comment(self, job_id: str, field: str) -> str | None:
         """Current Comment/AdminComment in accounting; None when the job is not there yet."""
 
+    def job_comments(self, job_ids: list[str], field: str) -> dict[str, str | None]:
+        """job_comment for several jobs in one call (optional: callers fall back to job_comment)."""
+
     def set_job_comment(self, job_id: str, field: str, text: str) -> None:
         """Write Comment/AdminComment of a finished job into accounting."""
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import subprocess
 from typing import Any
 
@@ -40,6 +41,25 @@ def parse_oneliner(line: str) -> dict[str, str]:
         end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
         out[m.group(1)] = line[m.end():end].strip()
     return out
+
+
+def parse_delimited_comments(text: str, delim: str) -> dict[str, str]:
+    """Records `ID<d>comment<d>ID` (sacct -P --delimiter=<d>) -> {ID: comment}, in order;
+    an id listed twice keeps its first record."""
+    found: dict[str, str] = {}
+    pos = 0
+    while True:
+        first = text.find(delim, pos)
+        if first < 0:
+            return found
+        job = text[pos:first].strip()
+        close = re.compile(re.escape(delim) + re.escape(job) + r"(?:\n|$)")
+        m = close.search(text, first + len(delim))
+        if m is None:
+            return found
+        if job not in found:
+            found[job] = text[first + len(delim):m.start()]
+        pos = m.end()
 
 
 class CliSlurm:
@@ -100,14 +120,30 @@ class CliSlurm:
         return None
 
     def job_comment(self, job_id: str, field: str) -> str | None:
-        # -X: only the allocation's row. The comment is the last column, so a '|'
-        # inside it only lands in the partition's right side.
-        out = self.run("sacct", "-n", "-P", "-X", "-j", job_id, "-o", f"JobIDRaw,{field}")
-        for ln in out.splitlines():
-            _raw, sep, comment = ln.partition("|")
-            if sep:
-                return comment
-        return None
+        return self.job_comments([job_id], field).get(job_id)
+
+    def job_comments(self, job_ids: list[str], field: str) -> dict[str, str | None]:
+        """Comment/AdminComment of several finished jobs, each whole (newlines and '|' kept).
+
+        `sacct -P` prints a multi-line comment over several lines, and the user can type
+        any delimiter into it. So each record is `ID<d>comment<d>ID` with a delimiter drawn
+        at random per call (the user cannot guess it) and the job id repeated after the
+        comment: a record ends only at `<d>ID` followed by the end of a line.
+        """
+        out: dict[str, str | None] = {j: None for j in job_ids}
+        if not job_ids:
+            return out
+        delim = f"^{secrets.token_hex(6)}^"
+        for at in range(0, len(job_ids), 200):  # bounded argument length per call
+            chunk = job_ids[at:at + 200]
+            text = self.run("sacct", "-n", "-P", "-X", f"--delimiter={delim}", "-j", ",".join(chunk),
+                            "-o", f"JobIDRaw,{field},JobIDRaw")
+            found = parse_delimited_comments(text, delim)
+            if len(chunk) == 1 and found and chunk[0] not in found:
+                # An array task asked for as A_T: sacct prints its own numeric JobIDRaw.
+                found = {chunk[0]: next(iter(found.values()))}
+            out.update({j: c for j, c in found.items() if j in out})
+        return out
 
     def cluster_name(self) -> str:
         if self._cluster is None:
@@ -166,6 +202,12 @@ class CliSlurm:
                 rec = parse_oneliner(ln)
                 recs.append(rec)
         return recs
+
+    def reasons(self) -> list[Any]:
+        """``sinfo -R`` with when each reason was set (%H): the breaker's count (slurmstate.py)."""
+        from ..slurmstate import parse_sinfo_reasons
+
+        return parse_sinfo_reasons(self.run("sinfo", "-R", "-h", "-o", "%N|%H|%E"))
 
     def drain(self, node: str, reason: str) -> None:
         self.run("scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}")

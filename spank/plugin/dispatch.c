@@ -81,11 +81,16 @@ int slurm_spank_job_prolog(spank_t sp, int ac, char **av)
 int slurm_spank_user_init(spank_t sp, int ac, char **av)
 {
 	const struct sattr_config *cfg;
+	int enabled;
 
 	if (spank_context() != S_CTX_REMOTE)
 		return 0;
 	cfg = sattr_config(ac, av);
-	sattr_env_apply(sp, cfg, sattr_enabled_remote(sp, cfg));
+	enabled = sattr_enabled_remote(sp, cfg);
+	/* A refused evidence dir: no evidence variables (the "off" plan also removes ours). */
+	if (enabled && !sattr_evidence_usable(sp, cfg))
+		enabled = 0;
+	sattr_env_apply(sp, cfg, enabled);
 	return 0;
 }
 

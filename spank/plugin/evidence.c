@@ -89,3 +89,25 @@ void sattr_evidence_from_env(const struct sattr_config *cfg)
 	}
 	sattr_evidence_create(cfg, job_id, (uid_t)uid, (gid_t)gid);
 }
+
+/* user_init: whether the job's evidence dir may be named in the task environment. */
+int sattr_evidence_usable(spank_t sp, const struct sattr_config *cfg)
+{
+	char job_id[SATTR_ID_MAX];
+	char err[PATH_MAX + SATTR_NOTE_MAX];
+	uid_t uid;
+	spank_err_t rc;
+
+	if (sattr_item_job_id(sp, job_id) != 0)
+		return 0;
+	rc = spank_get_item(sp, S_JOB_UID, &uid);
+	if (rc != ESPANK_SUCCESS) {
+		sattr_error("spank_get_item S_JOB_UID: %s", spank_strerror(rc));
+		return 0;
+	}
+	if (sattr_jobdir_usable(cfg->evidence_root, job_id, uid, err, sizeof(err)))
+		return 1;
+	sattr_error("job %s: evidence directory refused (%s); no evidence variables exported",
+		    job_id, err);
+	return 0;
+}

@@ -155,3 +155,51 @@ out:
 		close(rootfd);
 	return rc;
 }
+
+/*
+ * May the task environment point into "<evidence_root>/<job_id>"? Called from
+ * user_init (the job's euid), before tasks start. A directory that exists but is
+ * not a real directory owned by uid (or by root, half-made by us and fixed by
+ * task_init_privileged) was refused by jobdir_create: exporting SLURM_ATTR_DIR
+ * or the FR/probe/NCCL paths into it would make the job write into, or root
+ * later collect from, someone else's directory. An absent one is created by
+ * task_init_privileged before the first task runs, so it is usable.
+ * 1 usable, 0 refused (err says why).
+ */
+int sattr_jobdir_usable(const char *evidence_root, const char *job_id, uid_t uid, char *err,
+			size_t errlen)
+{
+	struct stat st;
+	int rootfd, fd, e;
+
+	rootfd = open(evidence_root, SATTR_DIR_FLAGS);
+	if (rootfd < 0 && errno == ENOENT)
+		return 1; /* made root-owned, with the job dir, by task_init_privileged */
+	if (rootfd < 0) {
+		snprintf(err, errlen, "evidence root %s: %s", evidence_root, strerror(errno));
+		return 0;
+	}
+	if (fstat(rootfd, &st) != 0 || st.st_uid != 0) {
+		snprintf(err, errlen, "evidence root %s is not owned by root", evidence_root);
+		close(rootfd);
+		return 0;
+	}
+	fd = openat(rootfd, job_id, SATTR_DIR_FLAGS);
+	e = errno;
+	close(rootfd);
+	if (fd < 0) {
+		if (e == ENOENT)
+			return 1;
+		snprintf(err, errlen, "%s/%s: %s%s", evidence_root, job_id, strerror(e),
+			 e == ELOOP || e == ENOTDIR ? " (symlink or not a directory)" : "");
+		return 0;
+	}
+	if (fstat(fd, &st) != 0 || !S_ISDIR(st.st_mode) || (st.st_uid != uid && st.st_uid != 0)) {
+		snprintf(err, errlen, "%s/%s is owned by uid %u, not the job's uid %u", evidence_root,
+			 job_id, (unsigned int)st.st_uid, (unsigned int)uid);
+		close(fd);
+		return 0;
+	}
+	close(fd);
+	return 1;
+}

@@ -31,6 +31,7 @@ SATTR_HIDDEN int sattr_enabled_job_script(const struct sattr_config *cfg);
 SATTR_HIDDEN int sattr_item_job_id(spank_t sp, char out[SATTR_ID_MAX]);
 SATTR_HIDDEN void sattr_evidence_from_items(spank_t sp, const struct sattr_config *cfg);
 SATTR_HIDDEN void sattr_evidence_from_env(const struct sattr_config *cfg);
+SATTR_HIDDEN int sattr_evidence_usable(spank_t sp, const struct sattr_config *cfg);
 
 /* rankmap.c: <evidence_root>/<job>.ranks.<node>, written by root per task */
 SATTR_HIDDEN void sattr_rankmap_record(spank_t sp, const struct sattr_config *cfg);

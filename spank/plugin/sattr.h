@@ -119,5 +119,9 @@ SATTR_HIDDEN int sattr_env_plan_off(const struct sattr_env_request *req,
  */
 SATTR_HIDDEN int sattr_jobdir_create(const char *evidence_root, const char *job_id,
 				     uid_t uid, gid_t gid, char *err, size_t errlen);
+/* 1 if the task environment may point into "<evidence_root>/<job_id>" (absent, or a real
+ * directory owned by uid or root); 0 with err set if the plugin refused it. */
+SATTR_HIDDEN int sattr_jobdir_usable(const char *evidence_root, const char *job_id, uid_t uid,
+				     char *err, size_t errlen);
 
 #endif /* SATTR_H */

@@ -4,7 +4,9 @@
  * Budget: about 10-20 ns per callback, on NCCL's proxy thread (the critical path of every
  * network transfer) and on the application thread. Hence: no allocation, no locks, no
  * syscalls; relaxed atomics, most of them plain load+store because each group of fields
- * has one writer thread (probe_internal.h, SA_BUMP); the clock is read only on events
+ * has one writer thread (probe_internal.h, SA_BUMP): the proxy-side group through the
+ * calling thread's lane (probe_lanes.c), so even several threads on one communicator
+ * write no common cache line per event; the clock is read only on events
  * that need a stamp (step and kernel completion, collective launch, group API exit).
  * Nothing here may fail NCCL: every decode failure just drops the event.
  */
@@ -104,27 +106,29 @@ static inline int rooted(unsigned f)
            f == SATTR_F_SCATTER;
 }
 
-/* The peer entry for a comm rank, claimed on first sight; SATTR_NO_PEER when full. */
-static unsigned peer_entry(struct sattr_slot *s, int peer)
+/* The peer entry for a comm rank in one lane's table (that lane's thread is its only
+ * writer), claimed on first sight; SATTR_NO_PEER when full. */
+static unsigned peer_entry(struct sattr_peer *peers, struct sattr_lane_core *c, int peer)
 {
     uint32_t key;
-    if (peer < 0 || peer >= (1 << 24))
+    if (peer < 0 || peer >= (1 << 24) - 1)
         return SATTR_NO_PEER;
     key = (uint32_t)peer + 1u;
     for (unsigned i = 0; i < SATTR_PROBE_NPEERS; i++) {
-        uint32_t k = SA_LD(&s->peers[i].key);
+        uint32_t k = SA_LD(&peers[i].key);
         if (k == key)
             return i;
         if (k == 0) {
-            uint32_t expect = 0;
-            if (__atomic_compare_exchange_n(&s->peers[i].key, &expect, key, 0, __ATOMIC_RELAXED,
+            uint32_t expect = 0; /* CAS still: a full pool makes threads share the own lane */
+            if (__atomic_compare_exchange_n(&peers[i].key, &expect, key, 0, __ATOMIC_RELAXED,
                                             __ATOMIC_RELAXED) ||
                 expect == key)
                 return i;
         }
     }
-    SA_ADD(&s->peers_dropped, 1);
-    __atomic_fetch_or(&sattr_proc.hdr->flags, SATTR_HF_PEERS_FULL, __ATOMIC_RELAXED);
+    SA_ADD(&c->peers_dropped, 1);
+    if ((SA_LD(&sattr_proc.hdr->flags) & SATTR_HF_PEERS_FULL) == 0)
+        __atomic_fetch_or(&sattr_proc.hdr->flags, SATTR_HF_PEERS_FULL, __ATOMIC_RELAXED);
     return SATTR_NO_PEER;
 }
 
@@ -251,8 +255,9 @@ SATTR_HIDDEN void *sattr_ev_p2p_start(void *ctx, const char *func, size_t count,
                                       const char *datatype, int peer)
 {
     struct sattr_slot *s = ctx_slot(ctx);
-    unsigned f, pi, idx;
+    unsigned f, pi, idx, lane;
     uint64_t n, now;
+    struct sattr_peer *peers;
     if (SATTR_UNLIKELY(s == NULL))
         return NULL;
     idx = sattr_slot_index(s);
@@ -260,10 +265,12 @@ SATTR_HIDDEN void *sattr_ev_p2p_start(void *ctx, const char *func, size_t count,
     n = SA_LD(&s->p2p_tasks);
     SA_ST(&s->p2p_tasks, n + 1);
     SA_ST(&s->last_peer, peer);
-    pi = peer_entry(s, peer);
+    lane = sattr_my_lane(idx);
+    peers = sattr_lane_peers(s, lane);
+    pi = peer_entry(peers, sattr_lane_core(s, lane), peer);
     if (pi != SATTR_NO_PEER) {
-        SA_BUMP(&s->peers[pi].p2p_ops, 1);
-        peer_kind(&s->peers[pi], f == SATTR_F_RECV ? 8 : 4);
+        SA_BUMP(&peers[pi].p2p_ops, 1);
+        peer_kind(&peers[pi], f == SATTR_F_RECV ? 8 : 4);
     }
     now = sattr_now();
     SA_ST(&s->last_task_ns, now);
@@ -278,7 +285,9 @@ SATTR_HIDDEN void *sattr_ev_proxyop_start(void *ctx, void *parent, int pid, unsi
                                           int is_send)
 {
     struct sattr_slot *s;
-    unsigned pi;
+    struct sattr_lane_core *c;
+    struct sattr_peer *peers;
+    unsigned pi, idx, lane;
     (void)parent;
     /* PXN: another local process's rank, run by our proxy thread. Its context and parent
      * are that process's values: look at nothing else (NCCL #1586). */
@@ -291,12 +300,19 @@ SATTR_HIDDEN void *sattr_ev_proxyop_start(void *ctx, void *parent, int pid, unsi
     if (SATTR_UNLIKELY(s == NULL))
         return NULL;
     ch &= SATTR_PROBE_NCHAN - 1;
-    pi = peer_entry(s, peer);
+    idx = sattr_slot_index(s);
+    lane = sattr_my_lane(idx);
+    peers = sattr_lane_peers(s, lane);
+    c = sattr_lane_core(s, lane);
+    pi = peer_entry(peers, c, peer);
     if (pi != SATTR_NO_PEER)
-        peer_kind(&s->peers[pi], is_send ? 1 : 2);
-    SA_BUMP(&s->pop_started, 1);
-    return sattr_handle(SATTR_K_PROXYOP, sattr_slot_index(s),
-                        pi | (uint64_t)(is_send ? 1 : 0) << 4 | (uint64_t)ch << 5);
+        peer_kind(&peers[pi], is_send ? 1 : 2);
+    SA_BUMP(&c->pop_started, 1);
+    /* the peer's rank too: a step started by another thread finds it in its own lane */
+    return sattr_handle(SATTR_K_PROXYOP, idx,
+                        (uint64_t)ch | (uint64_t)(is_send ? 1 : 0) << 6 | (uint64_t)pi << 7 |
+                            (uint64_t)lane << 11 |
+                            (uint64_t)(pi != SATTR_NO_PEER ? (uint32_t)peer + 1u : 0u) << 16);
 }
 
 /* step record word: gen(16) | state(4) | peer(4) | unused(1) | send(1) | ch(6) */
@@ -311,18 +327,28 @@ SATTR_HIDDEN void *sattr_ev_step_start(void *parent)
     uint64_t p;
     struct sattr_slot *s = sattr_decode(parent, SATTR_K_PROXYOP, &p);
     struct sattr_steps *pool;
-    unsigned idx, pi, send, ch;
-    uint32_t c;
+    struct sattr_lane_core *c;
+    struct sattr_peer *peers;
+    unsigned idx, pi, send, ch, lane;
+    uint32_t cur;
     if (SATTR_UNLIKELY(s == NULL))
         return NULL; /* NULL parent: a PXN op we ignored, or NCCL's pool ran out */
     idx = sattr_slot_index(s);
-    pool = &sattr_steps[idx];
-    pi = (unsigned)(p & 0xf);
-    send = (unsigned)(p >> 4) & 1u;
-    ch = (unsigned)(p >> 5) & 0x3fu;
-    c = SA_LD(&pool->cursor);
+    ch = (unsigned)(p & 0x3fu);
+    send = (unsigned)(p >> 6) & 1u;
+    pi = (unsigned)(p >> 7) & 0xfu;
+    lane = sattr_my_lane(idx);
+    c = sattr_lane_core(s, lane);
+    peers = sattr_lane_peers(s, lane);
+    if (SATTR_UNLIKELY(((p >> 11) & 0x1fu) != lane)) {
+        /* the op was started by another thread: its peer entry is in that thread's lane */
+        uint32_t peer1 = (uint32_t)(p >> 16) & 0xffffffu;
+        pi = peer1 ? peer_entry(peers, c, (int)(peer1 - 1)) : SATTR_NO_PEER;
+    }
+    pool = sattr_lane_pool(idx, lane);
+    cur = SA_LD(&pool->cursor);
     for (unsigned k = 0; k < SATTR_STEP_PROBES; k++) {
-        uint32_t r = (c + k) & (SATTR_STEP_POOL - 1);
+        uint32_t r = (cur + k) & (SATTR_STEP_POOL - 1);
         uint32_t w = SA_LD(&pool->rec[r]);
         if (REC_STATE(w) != 0)
             continue; /* a step still in flight (a stuck one keeps its record) */
@@ -332,65 +358,84 @@ SATTR_HIDDEN void *sattr_ev_step_start(void *parent)
             continue;
         SA_ST(&pool->cursor, r + 1);
         if (send) {
-            SA_BUMP(&s->send_posted, 1);
+            SA_BUMP(&c->send_posted, 1);
             if (pi != SATTR_NO_PEER)
-                SA_BUMP(&s->peers[pi].send_posted, 1);
+                SA_BUMP(&peers[pi].send_posted, 1);
         } else {
-            SA_BUMP(&s->recv_posted, 1);
+            SA_BUMP(&c->recv_posted, 1);
             if (pi != SATTR_NO_PEER)
-                SA_BUMP(&s->peers[pi].recv_posted, 1);
+                SA_BUMP(&peers[pi].recv_posted, 1);
         }
-        return sattr_handle(SATTR_K_STEP, idx, (uint64_t)r << 16 | REC_GEN(w));
+        return sattr_handle(SATTR_K_STEP, idx, (uint64_t)lane << 26 | (uint64_t)r << 16 | REC_GEN(w));
     }
-    SA_ADD(&s->steps_dropped, 1);
-    __atomic_fetch_or(&sattr_proc.hdr->flags, SATTR_HF_STEPS_FULL, __ATOMIC_RELAXED);
+    SA_ADD(&c->steps_dropped, 1);
+    if ((SA_LD(&sattr_proc.hdr->flags) & SATTR_HF_STEPS_FULL) == 0)
+        __atomic_fetch_or(&sattr_proc.hdr->flags, SATTR_HF_STEPS_FULL, __ATOMIC_RELAXED);
     sattr_drop();
     return NULL;
 }
 
-/* The live record of a step handle, or NULL when stale (stopped, recycled). */
-static inline uint32_t *step_rec(void *h, struct sattr_slot **sp, uint32_t *wp)
+/* A step's live record and the lane it was started in (whose thread normally also moves
+ * and stops it: the gauges and counters of the step go to that lane), or NULL when the
+ * handle is stale (stopped, recycled). */
+struct step_ref {
+    struct sattr_slot *s;
+    struct sattr_lane_core *c;
+    struct sattr_peer *peers;
+    uint32_t *rec;
+    uint32_t w;
+};
+
+static inline int step_rec(void *h, struct step_ref *sr)
 {
     uint64_t p;
     struct sattr_slot *s = sattr_decode(h, SATTR_K_STEP, &p);
+    unsigned lane, idx;
     uint32_t *rec, w;
     if (SATTR_UNLIKELY(s == NULL))
-        return NULL;
-    rec = &sattr_steps[sattr_slot_index(s)].rec[(p >> 16) & (SATTR_STEP_POOL - 1)];
+        return 0;
+    lane = (unsigned)(p >> 26) & 0x1fu;
+    if (SATTR_UNLIKELY(lane > SATTR_PROBE_NLANES))
+        return 0;
+    idx = sattr_slot_index(s);
+    rec = &sattr_lane_pool(idx, lane)->rec[(p >> 16) & (SATTR_STEP_POOL - 1)];
     w = SA_LD(rec);
     if (SATTR_UNLIKELY(REC_GEN(w) != (p & 0xffff) || REC_STATE(w) == 0))
-        return NULL; /* recordEventState after stopEvent (NCCL #1992) */
-    *sp = s;
-    *wp = w;
-    return rec;
+        return 0; /* recordEventState after stopEvent (NCCL #1992) */
+    sr->s = s;
+    sr->c = sattr_lane_core(s, lane);
+    sr->peers = sattr_lane_peers(s, lane);
+    sr->rec = rec;
+    sr->w = w;
+    return 1;
 }
 
-static inline void gauge_move(struct sattr_slot *s, uint32_t w, unsigned to)
+static inline void gauge_move(const struct step_ref *sr, unsigned to)
 {
-    unsigned from = REC_STATE(w), pi = REC_PEER(w);
+    struct sattr_lane_core *c = sr->c;
+    unsigned from = REC_STATE(sr->w), pi = REC_PEER(sr->w);
     if (from >= 2) {
-        uint32_t v = SA_LD(&s->in_state[from - 2]);
+        uint32_t v = SA_LD(&c->in_state[from - 2]);
         if (v)
-            SA_ST(&s->in_state[from - 2], v - 1);
+            SA_ST(&c->in_state[from - 2], v - 1);
         if (pi != SATTR_NO_PEER) {
-            uint16_t pv = SA_LD(&s->peers[pi].wait[from - 2]);
+            uint16_t pv = SA_LD(&sr->peers[pi].wait[from - 2]);
             if (pv)
-                SA_ST(&s->peers[pi].wait[from - 2], (uint16_t)(pv - 1));
+                SA_ST(&sr->peers[pi].wait[from - 2], (uint16_t)(pv - 1));
         }
     }
     if (to >= 2) {
-        SA_BUMP(&s->in_state[to - 2], 1);
+        SA_BUMP(&c->in_state[to - 2], 1);
         if (pi != SATTR_NO_PEER) {
-            SA_BUMP(&s->peers[pi].wait[to - 2], 1);
-            SA_ST(&s->peers[pi].last_ch, (uint8_t)REC_CH(w));
+            SA_BUMP(&sr->peers[pi].wait[to - 2], 1);
+            SA_ST(&sr->peers[pi].last_ch, (uint8_t)REC_CH(sr->w));
         }
     }
 }
 
 static void step_state(void *h, int state, uint64_t arg, int has_arg)
 {
-    struct sattr_slot *s;
-    uint32_t w, *rec;
+    struct step_ref sr;
     unsigned g;
     switch (state) {
     case SATTR_ST_SEND_GPU_WAIT: g = SATTR_W_SEND_GPU; break;
@@ -401,67 +446,69 @@ static void step_state(void *h, int state, uint64_t arg, int has_arg)
     case SATTR_ST_RECV_GPU_WAIT: g = SATTR_W_RECV_GPU; break;
     default: return;
     }
-    rec = step_rec(h, &s, &w);
-    if (rec == NULL || REC_STATE(w) == g + 2)
+    if (!step_rec(h, &sr) || REC_STATE(sr.w) == g + 2)
         return; /* stale, or the same state again (SendPeerWait repeats on every poll) */
-    gauge_move(s, w, g + 2);
-    SA_ST(rec, (w & ~0xf000u) | (g + 2) << 12);
+    gauge_move(&sr, g + 2);
+    SA_ST(sr.rec, (sr.w & ~0xf000u) | (g + 2) << 12);
     if (has_arg && g == SATTR_W_SEND_NET)
-        SA_BUMP(&s->send_bytes, arg);
+        SA_BUMP(&sr.c->send_bytes, arg);
     else if (has_arg && g == SATTR_W_RECV_FLUSH)
-        SA_BUMP(&s->recv_bytes, arg);
+        SA_BUMP(&sr.c->recv_bytes, arg);
 }
 
-static void roll_window(struct sattr_slot *s, uint64_t now)
+/* Each lane rolls its own window over its own totals: the reader adds the lanes' last
+ * closed windows. */
+static void roll_window(struct sattr_lane_core *c, uint64_t now)
 {
     uint64_t sd, rd, sb, rb;
-    if (now - SA_LD(&s->win_start_ns) < sattr_proc.win_ns)
+    if (now - SA_LD(&c->win_start_ns) < sattr_proc.win_ns)
         return;
-    sd = SA_LD(&s->send_done);
-    rd = SA_LD(&s->recv_done);
-    sb = SA_LD(&s->send_bytes);
-    rb = SA_LD(&s->recv_bytes);
-    SA_ST(&s->win_send_steps, sd - SA_LD(&s->base_send_steps));
-    SA_ST(&s->win_recv_steps, rd - SA_LD(&s->base_recv_steps));
-    SA_ST(&s->win_send_bytes, sb - SA_LD(&s->base_send_bytes));
-    SA_ST(&s->win_recv_bytes, rb - SA_LD(&s->base_recv_bytes));
-    SA_ST(&s->base_send_steps, sd);
-    SA_ST(&s->base_recv_steps, rd);
-    SA_ST(&s->base_send_bytes, sb);
-    SA_ST(&s->base_recv_bytes, rb);
-    SA_ST(&s->win_start_ns, now);
-    SA_BUMP(&s->win_closed, 1);
+    sd = SA_LD(&c->send_done);
+    rd = SA_LD(&c->recv_done);
+    sb = SA_LD(&c->send_bytes);
+    rb = SA_LD(&c->recv_bytes);
+    SA_ST(&c->win_send_steps, sd - SA_LD(&c->base_send_steps));
+    SA_ST(&c->win_recv_steps, rd - SA_LD(&c->base_recv_steps));
+    SA_ST(&c->win_send_bytes, sb - SA_LD(&c->base_send_bytes));
+    SA_ST(&c->win_recv_bytes, rb - SA_LD(&c->base_recv_bytes));
+    SA_ST(&c->base_send_steps, sd);
+    SA_ST(&c->base_recv_steps, rd);
+    SA_ST(&c->base_send_bytes, sb);
+    SA_ST(&c->base_recv_bytes, rb);
+    SA_ST(&c->win_start_ns, now);
+    SA_BUMP(&c->win_closed, 1);
 }
 
 static void step_stop(void *h)
 {
-    struct sattr_slot *s;
-    uint32_t w, *rec = step_rec(h, &s, &w);
+    struct step_ref sr;
+    struct sattr_lane_core *c;
     unsigned pi;
     uint64_t now;
-    if (rec == NULL)
+    if (!step_rec(h, &sr))
         return;
-    gauge_move(s, w, 0);
+    c = sr.c;
+    gauge_move(&sr, 0);
     now = sattr_now();
-    pi = REC_PEER(w);
-    if (REC_SEND(w)) {
-        SA_BUMP(&s->send_done, 1);
-        SA_ST(&s->last_send_done_ns, now);
+    pi = REC_PEER(sr.w);
+    if (REC_SEND(sr.w)) {
+        SA_BUMP(&c->send_done, 1);
+        SA_ST(&c->last_send_done_ns, now);
         if (pi != SATTR_NO_PEER) {
-            SA_BUMP(&s->peers[pi].send_done, 1);
-            SA_ST(&s->peers[pi].last_send_ms, ms_since_start(now));
+            SA_BUMP(&sr.peers[pi].send_done, 1);
+            SA_ST(&sr.peers[pi].last_send_ms, ms_since_start(now));
         }
     } else {
-        SA_BUMP(&s->recv_done, 1);
-        SA_ST(&s->last_recv_done_ns, now);
+        SA_BUMP(&c->recv_done, 1);
+        SA_ST(&c->last_recv_done_ns, now);
         if (pi != SATTR_NO_PEER) {
-            SA_BUMP(&s->peers[pi].recv_done, 1);
-            SA_ST(&s->peers[pi].last_recv_ms, ms_since_start(now));
+            SA_BUMP(&sr.peers[pi].recv_done, 1);
+            SA_ST(&sr.peers[pi].last_recv_ms, ms_since_start(now));
         }
     }
-    SA_ST(&s->last_progress_ns, now);
-    roll_window(s, now);
-    SA_ST(rec, (REC_GEN(w) + 1u) << 16); /* free, next generation */
+    SA_ST(&c->last_progress_ns, now);
+    roll_window(c, now);
+    SA_ST(sr.rec, (REC_GEN(sr.w) + 1u) << 16); /* free, next generation */
     heartbeat(now);
 }
 
@@ -512,8 +559,9 @@ SATTR_HIDDEN void sattr_ev_stop(void *h)
             kch_stop(s, p);
         break;
     case SATTR_K_PROXYOP:
-        if ((s = sattr_decode(h, SATTR_K_PROXYOP, &p)) != NULL)
-            SA_BUMP(&s->pop_stopped, 1);
+        if ((s = sattr_decode(h, SATTR_K_PROXYOP, &p)) != NULL &&
+            ((p >> 11) & 0x1fu) <= SATTR_PROBE_NLANES)
+            SA_BUMP(&sattr_lane_core(s, (unsigned)(p >> 11) & 0x1fu)->pop_stopped, 1);
         break;
     case SATTR_K_API:
         if ((s = sattr_decode(h, SATTR_K_API, &p)) != NULL)

@@ -164,7 +164,7 @@ static int open_record(void)
     struct stat st;
     struct sattr_hdr *h;
     void *map;
-    int fd, n, err, pid = getpid();
+    int fd, n, err, pid = getpid(), reopened = 0;
     long win;
     uint64_t nonce = process_nonce();
     int rank = env_first_int(grank_env, -1);
@@ -223,6 +223,7 @@ static int open_record(void)
         /* NCCL dlclose'd us after the last communicator and loaded us again: keep going
          * in the same file, after the slots already used. */
         __atomic_fetch_or(&h->flags, SATTR_HF_REOPENED, __ATOMIC_RELAXED);
+        reopened = 1;
     } else {
         memset(map, 0, SATTR_PROBE_FILE_SIZE); /* a stale file of a reused pid */
         fill_identity(h, pid, nonce);
@@ -230,6 +231,14 @@ static int open_record(void)
     }
     sattr_proc.hdr = h;
     sattr_proc.slots = (struct sattr_slot *)((char *)map + SATTR_PROBE_HDR_SIZE);
+    sattr_proc.lanes = (struct sattr_lane *)((char *)map + SATTR_PROBE_LANES_OFF);
+    memset(sattr_lane_steps, 0, sizeof(sattr_lane_steps));
+    /* Threads' lane tables of another record (the parent's, before a fork) or of an
+     * earlier load of the plugin become stale: the epoch differs in the pid, or in the
+     * inits the record counted before this load (at least one per earlier load). */
+    SA_ST(&sattr_proc.epoch, (uint64_t)(uint32_t)pid << 32 | (uint32_t)(SA_LD(&h->inits) + 1u));
+    if (reopened)
+        sattr_lanes_reopened();
     sattr_proc.mono0 = h->create_mono_ns;
     sattr_proc.pid = pid;
     sattr_proc.tag = (uint64_t)((nonce & 0xff) ? (nonce & 0xff) : 0xa5) << 56;
@@ -261,6 +270,7 @@ SATTR_HIDDEN void *sattr_comm_init(int api_ver, uint64_t comm_hash, const char *
         goto out;
     }
     h = sattr_proc.hdr;
+    sattr_lanes_setup();
     /* The mask is one process-wide variable in NCCL (last init wins): always write the
      * same value, even when this communicator gets no slot, or the others go blind. */
     sattr_proc.mask = activation_mask(api_ver);

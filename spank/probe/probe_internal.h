@@ -1,6 +1,7 @@
 /*
- * Internals shared by the probe's three files:
+ * Internals shared by the probe's four files:
  *   probe_file.c    environment, the mmap'd record, communicator slots (init/finalize);
+ *   probe_lanes.c   which lane of a slot each writer thread uses (first use, thread exit);
  *   probe_events.c  the event path (start/stop/record), version independent;
  *   probe_abi.c     the exported ncclProfiler_v3/v4/v5 tables and descriptor adapters.
  *
@@ -39,8 +40,8 @@ enum {
     SATTR_K_API,       /* GroupApi / CollApi / P2pApi: payload = which */
     SATTR_K_COLL,      /* payload: func(4) | seq(42) */
     SATTR_K_P2P,       /* payload: func(4) | p2p index(42) */
-    SATTR_K_PROXYOP,   /* payload: peer entry(4) | isSend(1) | channel(6) */
-    SATTR_K_STEP,      /* payload: step record(10) | generation(16) */
+    SATTR_K_PROXYOP,   /* payload: peer rank + 1 (24) | lane(5) | peer entry(4) | isSend(1) | channel(6) */
+    SATTR_K_STEP,      /* payload: lane(5) | step record(10) | generation(16) */
     SATTR_K_KCH,       /* payload: channel(6) | func(4) | seq(36) */
 };
 enum { SATTR_API_GROUP = 1, SATTR_API_COLL, SATTR_API_P2P };
@@ -51,13 +52,25 @@ enum { SATTR_API_GROUP = 1, SATTR_API_COLL, SATTR_API_P2P };
 
 /* Step records live in plugin memory (not the file): the previous state of each step is
  * needed to move the wait-state gauges. Word: gen(16) | state(4) | peer(4) | send(1) | ch(6).
- * state 0 = free, 1 = posted, 2 + SATTR_W_* = in that wait state. */
+ * state 0 = free, 1 = posted, 2 + SATTR_W_* = in that wait state. One pool per lane (the
+ * thread that starts a step owns its record), each on its own cache lines. */
 #define SATTR_STEP_POOL 1024u
 #define SATTR_STEP_PROBES 8u
 
 struct sattr_steps {
-    uint32_t rec[SATTR_STEP_POOL];
     uint32_t cursor;
+    uint32_t pad[15];
+    uint32_t rec[SATTR_STEP_POOL];
+} __attribute__((aligned(64)));
+
+/* Lanes (sattr_probe_layout.h): id 0 = the slot's own copy, 1..NLANES = pool lane id-1.
+ * A thread finds its lane for a slot in a thread-local table, valid while `epoch` matches
+ * the process's record (a fork or a reload of the plugin opens another one). */
+#define SATTR_LANE_OWNED 0x80u
+struct sattr_tls {
+    uint64_t epoch;
+    uint32_t token;        /* this thread's writer token, never 0 */
+    uint8_t lane[SATTR_PROBE_NSLOTS]; /* 0 = not looked up; else (lane id + 1) | OWNED */
 };
 
 struct sattr_proc {
@@ -68,10 +81,45 @@ struct sattr_proc {
     int pid;
     int mask;                  /* activation mask we ask for */
     uint32_t win_ns;
+    uint64_t epoch;            /* which record the threads' lane tables refer to */
+    struct sattr_lane *lanes;  /* the pool after the slots */
 };
 
 SATTR_HIDDEN extern struct sattr_proc sattr_proc;
 SATTR_HIDDEN extern struct sattr_steps sattr_steps[SATTR_PROBE_NSLOTS];
+SATTR_HIDDEN extern struct sattr_steps sattr_lane_steps[SATTR_PROBE_NLANES];
+SATTR_HIDDEN extern __thread struct sattr_tls sattr_tls;
+
+/* probe_lanes.c: the calling thread's lane in slot `idx` (slow path: first use) */
+SATTR_HIDDEN unsigned sattr_lane_claim(unsigned idx);
+SATTR_HIDDEN void sattr_lanes_setup(void);       /* under the init lock */
+SATTR_HIDDEN void sattr_lanes_reopened(void);    /* a reload: no thread of the old load writes */
+
+static inline unsigned sattr_my_lane(unsigned idx)
+{
+    struct sattr_tls *t = &sattr_tls;
+    if (SATTR_LIKELY(t->epoch == SA_LD(&sattr_proc.epoch))) {
+        unsigned v = t->lane[idx];
+        if (SATTR_LIKELY(v != 0))
+            return (v & 0x1fu) - 1u;
+    }
+    return sattr_lane_claim(idx);
+}
+
+static inline struct sattr_lane_core *sattr_lane_core(struct sattr_slot *s, unsigned lane)
+{
+    return lane == 0 ? &s->net : &sattr_proc.lanes[lane - 1].net;
+}
+
+static inline struct sattr_peer *sattr_lane_peers(struct sattr_slot *s, unsigned lane)
+{
+    return lane == 0 ? s->peers : sattr_proc.lanes[lane - 1].peers;
+}
+
+static inline struct sattr_steps *sattr_lane_pool(unsigned idx, unsigned lane)
+{
+    return lane == 0 ? &sattr_steps[idx] : &sattr_lane_steps[lane - 1];
+}
 
 static inline uint64_t sattr_now(void)
 {

@@ -4,7 +4,7 @@
  * (which mirrors every offset below; `probe_harness --layout` prints them for the test
  * that keeps the two in step).
  *
- * Rules of the format (layout version 1):
+ * Rules of the format (layout version 2; version 1 had no lanes and is still read):
  * - little-endian, fixed offsets, every field naturally aligned so 8-byte loads are atomic;
  * - counters only grow; writers use relaxed atomics, readers need no lock;
  * - each group of fields has one writer thread class (app, launch, proxy, kernel) and
@@ -12,7 +12,16 @@
  * - entries of the rings carry a tag written last (release): a reader keeps an entry
  *   only when its tag matches the position it expects, so a torn entry (process killed
  *   mid-write) is skipped, never misread;
- * - the magic is written last at creation: a file without it was never initialised.
+ * - the magic is written last at creation: a file without it was never initialised;
+ * - lanes (version 2): the proxy-side group of a slot (network totals, wait gauges, rate
+ *   window, peer table) is written by one thread per lane. The first thread that needs
+ *   it in a slot writes the slot's own copy; any further thread takes a lane of the
+ *   pool after the slots (bound to that slot until the process ends, handed to another
+ *   thread of the same slot when its thread exits). So no cache line of that group is
+ *   written by two threads, however many threads NCCL (or a test) drives one
+ *   communicator from. A step's gauges and counters stay in the lane of the thread that
+ *   started it. The reader adds a slot's lanes to its own copy: counters, gauges and
+ *   windows sum, stamps take the latest, peers merge by rank.
  * The file is job-written and therefore hostile to the reader: nothing here is trusted
  * by the analysis without bounds checks.
  */
@@ -24,11 +33,16 @@
 
 #define SATTR_PROBE_MAGIC_STR "SATTRPRB"
 #define SATTR_PROBE_MAGIC 0x4252505254544153ULL /* "SATTRPRB" read as a little-endian u64 */
-#define SATTR_PROBE_LAYOUT_VER 1u
+#define SATTR_PROBE_LAYOUT_VER 2u
 #define SATTR_PROBE_HDR_SIZE 4096u
 #define SATTR_PROBE_SLOT_SIZE 2304u
 #define SATTR_PROBE_NSLOTS 40u
-#define SATTR_PROBE_FILE_SIZE (SATTR_PROBE_HDR_SIZE + SATTR_PROBE_NSLOTS * SATTR_PROBE_SLOT_SIZE)
+#define SATTR_PROBE_NLANES 16u  /* extra writer threads, all slots together */
+#define SATTR_PROBE_LANE_SIZE 896u
+#define SATTR_PROBE_LANES_OFF (SATTR_PROBE_HDR_SIZE + SATTR_PROBE_NSLOTS * SATTR_PROBE_SLOT_SIZE)
+#define SATTR_PROBE_FILE_SIZE (SATTR_PROBE_LANES_OFF + SATTR_PROBE_NLANES * SATTR_PROBE_LANE_SIZE)
+/* version 1 (no lane pool), still read by slurm_attr/probe/record.py */
+#define SATTR_PROBE_V1_FILE_SIZE SATTR_PROBE_LANES_OFF
 #define SATTR_PROBE_HRING 60u   /* recent operations, all communicators */
 #define SATTR_PROBE_OPRING 16u  /* recent collectives per communicator (power of two) */
 #define SATTR_PROBE_NCHAN 64u   /* MAXCHANNELS since NCCL 2.25 */
@@ -41,6 +55,7 @@
 #define SATTR_HF_STEPS_FULL (1u << 1) /* a proxy step found no free step record */
 #define SATTR_HF_PEERS_FULL (1u << 2) /* a peer found no free peer entry */
 #define SATTR_HF_REOPENED (1u << 3)   /* the plugin was unloaded and loaded again */
+#define SATTR_HF_LANES_FULL (1u << 4) /* a thread found no free lane: it shares the slot's own */
 
 /* slot states */
 #define SATTR_SLOT_FREE 0u
@@ -124,7 +139,9 @@ struct sattr_hdr {
     uint32_t clock_id;     /* clock of every *_ns stamp (6 = CLOCK_MONOTONIC_COARSE) */
     uint32_t inits;        /* init calls, all communicators, all loads of the plugin */
     uint64_t proc_nonce;   /* AT_RANDOM of the process: tells a reload from a reused pid */
-    uint8_t rsvd[16];
+    uint32_t lanes_used;   /* pool lanes ever bound to a slot (high-water mark) */
+    uint32_t lanes_full;   /* lane claims that found none free */
+    uint8_t rsvd[8];
     struct sattr_hring_ent ring[SATTR_PROBE_HRING];
 };
 
@@ -165,6 +182,43 @@ struct sattr_peer {
     uint32_t p2p_ops;      /* p2p tasks (ncclSend/ncclRecv) with this peer */
 };
 
+/* The proxy-side counters of one writer thread in one slot (256 B, 4 cache lines): the
+ * slot's own copy (at slot offset 448) and each pool lane's copy have this layout. */
+#define SATTR_LANE_CORE_FIELDS                                                            \
+    /* network steps (proxy thread): CCL-D's SendCount / RecvCount */                     \
+    uint64_t send_posted;                                                                 \
+    uint64_t send_done;                                                                   \
+    uint64_t recv_posted;                                                                 \
+    uint64_t recv_done;                                                                   \
+    uint64_t send_bytes;                                                                  \
+    uint64_t recv_bytes;                                                                  \
+    uint64_t pop_started;                                                                 \
+    uint64_t pop_stopped;                                                                 \
+    uint32_t in_state[SATTR_PROBE_NWAIT]; /* steps now in each wait state */               \
+    uint32_t steps_dropped;                                                               \
+    uint32_t peers_dropped;                                                               \
+    uint64_t last_progress_ns; /* last step completion, either direction */               \
+    uint64_t last_send_done_ns;                                                           \
+    uint64_t last_recv_done_ns;                                                           \
+    uint64_t rsvd3;                                                                       \
+    /* rate window, rolled on step completion */                                         \
+    uint64_t win_start_ns;                                                                \
+    uint32_t win_ms;                                                                      \
+    uint32_t win_closed;                                                                  \
+    uint64_t win_send_steps; /* deltas of the last closed window */                       \
+    uint64_t win_recv_steps;                                                              \
+    uint64_t win_send_bytes;                                                              \
+    uint64_t win_recv_bytes;                                                              \
+    uint64_t base_send_steps; /* totals when the open window started */                   \
+    uint64_t base_recv_steps;                                                             \
+    uint64_t base_send_bytes;                                                             \
+    uint64_t base_recv_bytes;                                                             \
+    uint64_t rsvd4[6];
+
+struct sattr_lane_core {
+    SATTR_LANE_CORE_FIELDS
+};
+
 struct sattr_slot {
     /* identity: init / finalize, under the plugin's init lock */
     uint64_t comm_hash;
@@ -173,7 +227,7 @@ struct sattr_slot {
     int32_t rank;
     int32_t nranks;
     int32_t nnodes;
-    uint32_t rsvd0;
+    uint32_t lane_owner;   /* token of the thread writing the slot's own lane; 0 = none */
     uint64_t init_ns;
     uint64_t fini_ns;
     char comm_name[16];
@@ -219,38 +273,26 @@ struct sattr_slot {
     uint64_t kch_start_ptimer;
     uint64_t kch_stop_ptimer;
     uint64_t kch_last_ns;
-    /* network steps (proxy thread): CCL-D's SendCount / RecvCount */
-    uint64_t send_posted;
-    uint64_t send_done;
-    uint64_t recv_posted;
-    uint64_t recv_done;
-    uint64_t send_bytes;
-    uint64_t recv_bytes;
-    uint64_t pop_started;
-    uint64_t pop_stopped;
-    uint32_t in_state[SATTR_PROBE_NWAIT]; /* steps now in each wait state */
-    uint32_t steps_dropped;
-    uint32_t peers_dropped;
-    uint64_t last_progress_ns; /* last step completion, either direction */
-    uint64_t last_send_done_ns;
-    uint64_t last_recv_done_ns;
-    uint64_t rsvd3;
-    /* rate window (proxy thread), rolled on step completion */
-    uint64_t win_start_ns;
-    uint32_t win_ms;
-    uint32_t win_closed;
-    uint64_t win_send_steps; /* deltas of the last closed window */
-    uint64_t win_recv_steps;
-    uint64_t win_send_bytes;
-    uint64_t win_recv_bytes;
-    uint64_t base_send_steps; /* totals when the open window started */
-    uint64_t base_recv_steps;
-    uint64_t base_send_bytes;
-    uint64_t base_recv_bytes;
-    uint64_t rsvd4[6];
+    /* the slot's own lane: one view by field name (readers), one as a lane (the writer) */
+    union {
+        struct sattr_lane_core net;
+        struct {
+            SATTR_LANE_CORE_FIELDS
+        };
+    };
     struct sattr_op_ent ops[SATTR_PROBE_OPRING]; /* application thread */
     struct sattr_chan chan[SATTR_PROBE_NCHAN];   /* kernel writer */
-    struct sattr_peer peers[SATTR_PROBE_NPEERS]; /* proxy (net) and application (p2p) */
+    struct sattr_peer peers[SATTR_PROBE_NPEERS]; /* the own lane's: proxy (net), app (p2p) */
+};
+
+/* A pool lane (896 B): one more writer thread's copy of a slot's proxy-side group. */
+struct sattr_lane {
+    uint64_t bind;         /* (writer token << 32) | (slot index + 1); token 0 = free to take */
+    uint32_t claims;       /* threads that took this lane */
+    uint32_t rsvd0;
+    uint64_t rsvd[6];
+    struct sattr_lane_core net;
+    struct sattr_peer peers[SATTR_PROBE_NPEERS];
 };
 
 #define SATTR_LPIN(T, m, off) _Static_assert(offsetof(T, m) == (off), #T "." #m " moved")
@@ -283,6 +325,8 @@ SATTR_LPIN(struct sattr_hdr, node_name, 184);
 SATTR_LPIN(struct sattr_hdr, slurm_procid, 216);
 SATTR_LPIN(struct sattr_hdr, inits, 228);
 SATTR_LPIN(struct sattr_hdr, proc_nonce, 232);
+SATTR_LPIN(struct sattr_hdr, lanes_used, 240);
+SATTR_LPIN(struct sattr_hdr, lanes_full, 244);
 SATTR_LPIN(struct sattr_hdr, ring, 256);
 _Static_assert(sizeof(struct sattr_op_ent) == 32, "op ring entry");
 SATTR_LPIN(struct sattr_op_ent, root, 8);
@@ -298,6 +342,7 @@ SATTR_LPIN(struct sattr_peer, p2p_ops, 44);
 _Static_assert(sizeof(struct sattr_slot) == SATTR_PROBE_SLOT_SIZE, "slot size");
 SATTR_LPIN(struct sattr_slot, state, 8);
 SATTR_LPIN(struct sattr_slot, rank, 16);
+SATTR_LPIN(struct sattr_slot, lane_owner, 28);
 SATTR_LPIN(struct sattr_slot, init_ns, 32);
 SATTR_LPIN(struct sattr_slot, comm_name, 48);
 SATTR_LPIN(struct sattr_slot, coll_api_enter, 64);  /* app thread: own cache line */
@@ -312,6 +357,7 @@ SATTR_LPIN(struct sattr_slot, kch_started, 384);    /* kernel writer: own cache 
 SATTR_LPIN(struct sattr_slot, kch_cur, 408);
 SATTR_LPIN(struct sattr_slot, kch_last_ns, 440);
 SATTR_LPIN(struct sattr_slot, send_posted, 448);    /* proxy thread: own cache lines */
+SATTR_LPIN(struct sattr_slot, net, 448);
 SATTR_LPIN(struct sattr_slot, in_state, 512);
 SATTR_LPIN(struct sattr_slot, last_progress_ns, 544);
 SATTR_LPIN(struct sattr_slot, win_start_ns, 576);
@@ -319,7 +365,16 @@ SATTR_LPIN(struct sattr_slot, base_recv_bytes, 648);
 SATTR_LPIN(struct sattr_slot, ops, 704);            /* app thread */
 SATTR_LPIN(struct sattr_slot, chan, 1216);          /* kernel writer */
 SATTR_LPIN(struct sattr_slot, peers, 1728);         /* proxy + app (p2p) */
-_Static_assert(SATTR_PROBE_FILE_SIZE <= 100000, "a rank's file stays under 100 KB");
+_Static_assert(sizeof(struct sattr_lane_core) == 256, "lane core: 4 cache lines");
+SATTR_LPIN(struct sattr_lane_core, in_state, 64);
+SATTR_LPIN(struct sattr_lane_core, win_start_ns, 128);
+_Static_assert(sizeof(struct sattr_lane) == SATTR_PROBE_LANE_SIZE, "lane size");
+SATTR_LPIN(struct sattr_lane, net, 64);
+SATTR_LPIN(struct sattr_lane, peers, 320);
+_Static_assert(SATTR_PROBE_LANES_OFF % 64 == 0 && SATTR_PROBE_LANE_SIZE % 64 == 0,
+               "lanes start on cache lines");
+_Static_assert(SATTR_PROBE_NLANES + 1 < 32, "lane ids fit the handles' 5 bits");
+_Static_assert(SATTR_PROBE_FILE_SIZE <= 112 * 1024, "a rank's file stays under 112 KiB");
 _Static_assert((SATTR_PROBE_OPRING & (SATTR_PROBE_OPRING - 1)) == 0, "op ring is a power of two");
 
 #endif /* SATTR_PROBE_LAYOUT_H */

@@ -29,6 +29,7 @@ static int usage(void)
 {
     fprintf(stderr, "usage: probe_harness run --plugin LIB --out DIR --scenario S [options]\n"
                     "       probe_harness selftest --plugin LIB [--quick] [--keep]\n"
+                    "       probe_harness lanes --plugin LIB --out DIR\n"
                     "       probe_harness layout\n");
     return 2;
 }
@@ -149,10 +150,11 @@ static int layout(void)
     int first;
     printf("{\"magic\": \"%s\", \"layout_ver\": %u, \"hdr_size\": %u, \"slot_size\": %u, "
            "\"nslots\": %u, \"file_size\": %u, \"hring\": %u, \"opring\": %u, \"nchan\": %u, "
-           "\"npeers\": %u,\n",
+           "\"npeers\": %u, \"nlanes\": %u, \"lane_size\": %u, \"lanes_off\": %u,\n",
            SATTR_PROBE_MAGIC_STR, SATTR_PROBE_LAYOUT_VER, SATTR_PROBE_HDR_SIZE,
            SATTR_PROBE_SLOT_SIZE, SATTR_PROBE_NSLOTS, SATTR_PROBE_FILE_SIZE, SATTR_PROBE_HRING,
-           SATTR_PROBE_OPRING, SATTR_PROBE_NCHAN, SATTR_PROBE_NPEERS);
+           SATTR_PROBE_OPRING, SATTR_PROBE_NCHAN, SATTR_PROBE_NPEERS, SATTR_PROBE_NLANES,
+           SATTR_PROBE_LANE_SIZE, SATTR_PROBE_LANES_OFF);
     printf(" \"hdr\": {"), first = 1;
     F(struct sattr_hdr, magic); F(struct sattr_hdr, layout_ver); F(struct sattr_hdr, hdr_size);
     F(struct sattr_hdr, slot_size); F(struct sattr_hdr, nslots); F(struct sattr_hdr, file_size);
@@ -165,7 +167,7 @@ static int layout(void)
     F(struct sattr_hdr, pxn_foreign); F(struct sattr_hdr, dropped_total);
     F(struct sattr_hdr, node_name); F(struct sattr_hdr, slurm_procid); F(struct sattr_hdr, win_ms);
     F(struct sattr_hdr, clock_id); F(struct sattr_hdr, inits); F(struct sattr_hdr, proc_nonce);
-    F(struct sattr_hdr, ring);
+    F(struct sattr_hdr, lanes_used); F(struct sattr_hdr, lanes_full); F(struct sattr_hdr, ring);
     printf("},\n \"hring_ent\": {"), first = 1;
     F(struct sattr_hring_ent, tag); F(struct sattr_hring_ent, slot); F(struct sattr_hring_ent, func);
     F(struct sattr_hring_ent, dtype); F(struct sattr_hring_ent, kind);
@@ -176,6 +178,7 @@ static int layout(void)
     printf("},\n \"slot\": {"), first = 1;
     F(struct sattr_slot, comm_hash); F(struct sattr_slot, state); F(struct sattr_slot, api_ver);
     F(struct sattr_slot, rank); F(struct sattr_slot, nranks); F(struct sattr_slot, nnodes);
+    F(struct sattr_slot, lane_owner);
     F(struct sattr_slot, init_ns); F(struct sattr_slot, fini_ns); F(struct sattr_slot, comm_name);
     F(struct sattr_slot, coll_api_enter); F(struct sattr_slot, coll_api_exit);
     F(struct sattr_slot, p2p_api_enter); F(struct sattr_slot, p2p_api_exit);
@@ -201,6 +204,11 @@ static int layout(void)
     F(struct sattr_slot, win_recv_bytes); F(struct sattr_slot, base_send_steps);
     F(struct sattr_slot, base_recv_steps); F(struct sattr_slot, ops); F(struct sattr_slot, chan);
     F(struct sattr_slot, peers);
+    printf("},\n \"lane\": {"), first = 1;
+    F(struct sattr_lane, bind); F(struct sattr_lane, claims); F(struct sattr_lane, net);
+    F(struct sattr_lane, net.send_posted); F(struct sattr_lane, net.in_state);
+    F(struct sattr_lane, net.last_progress_ns); F(struct sattr_lane, net.win_start_ns);
+    F(struct sattr_lane, net.base_recv_bytes); F(struct sattr_lane, peers);
     printf("},\n \"op_ent\": {"), first = 1;
     F(struct sattr_op_ent, tag); F(struct sattr_op_ent, func); F(struct sattr_op_ent, dtype);
     F(struct sattr_op_ent, algo); F(struct sattr_op_ent, proto); F(struct sattr_op_ent, root);
@@ -224,6 +232,15 @@ int main(int argc, char **argv)
         return usage();
     if (!strcmp(argv[1], "layout"))
         return layout();
+    if (!strcmp(argv[1], "lanes")) { /* one record written by 8 threads on one communicator */
+        struct tally t = {0, 0};
+        if (argc != 6 || strcmp(argv[2], "--plugin") || strcmp(argv[4], "--out"))
+            return usage();
+        setvbuf(stdout, NULL, _IOLBF, 0);
+        check_lanes_record(&t, argv[3], argv[5]);
+        printf("%d passed, %d failed\n", t.passed, t.failed);
+        return t.failed != 0;
+    }
     if (!strcmp(argv[1], "selftest"))
         return selftest(argc, argv);
     if (!strcmp(argv[1], "run")) {

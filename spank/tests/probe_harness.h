@@ -106,7 +106,9 @@ void check(struct tally *t, int ok, const char *fmt, ...) __attribute__((format(
 struct rank_rec {
     struct sattr_hdr *hdr;
     size_t size;
+    struct sattr_slot *merged; /* each used slot with its pool lanes added (find_slot) */
 };
+void merge_lanes(const struct sattr_hdr *h, size_t size, unsigned idx, struct sattr_slot *out);
 int load_records(const char *out, struct rank_rec *recs, int nrecs);
 void free_records(struct rank_rec *recs, int nrecs);
 struct sattr_slot *find_slot(const struct rank_rec *r, uint64_t hash);
@@ -114,5 +116,18 @@ const struct sattr_peer *find_peer(const struct sattr_slot *s, int peer);
 
 void check_scenario(struct tally *t, const struct job_opts *o);
 void check_robustness(struct tally *t, const char *plugin, const char *tmpdir);
+/* robustness and lanes checks (probe_harness_check.c, probe_harness_lanes.c) */
+struct rb {
+    struct tally *t;
+    struct fake_nccl n;
+    char dir[4096];
+    struct sattr_hdr *h;
+    size_t size;
+};
+struct sattr_hdr *map_file(const char *path, size_t *size);
+void *step_event(struct rb *b, void *ctx, void *parent, int step);
+void *proxy_op(struct rb *b, void *ctx, void *parent, int pid, int ch, int peer, int send);
+void check_lanes(struct rb *b, void *ctx);
+void check_lanes_record(struct tally *t, const char *plugin, const char *dir);
 
 #endif

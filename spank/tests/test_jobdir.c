@@ -138,6 +138,25 @@ static void test_refuse_root(void)
 	snprintf(root, sizeof(root), "%s", saved);
 }
 
+/* The task environment may name the dir only if it is the job's (or absent, made later). */
+static void test_usable(void)
+{
+	char path[PATH_MAX];
+
+	err[0] = '\0';
+	CHECK(sattr_jobdir_usable(root, "42", UID, err, sizeof(err)) == 1); /* created above */
+	CHECK(sattr_jobdir_usable(root, "50", UID, err, sizeof(err)) == 1); /* absent */
+	/* Near miss of "42": planted by another uid, refused. */
+	CHECK(sattr_jobdir_usable(root, "46", UID, err, sizeof(err)) == 0);
+	CHECK(strstr(err, "uid 5555") != NULL);
+	CHECK(sattr_jobdir_usable(root, "43", UID, err, sizeof(err)) == 0); /* symlink */
+	CHECK(sattr_jobdir_usable(root, "44", UID, err, sizeof(err)) == 0); /* a file */
+	snprintf(path, sizeof(path), "%s/42", root);
+	CHECK(chown(path, 7777, 7777) == 0);
+	CHECK(sattr_jobdir_usable(root, "42", UID, err, sizeof(err)) == 0);
+	CHECK(chown(path, UID, GID) == 0);
+}
+
 static void test_bad_job_ids(void)
 {
 	static const char *const bad[] = { "007", "abc", "", "../42", "42/..", "0", "4294967295" };
@@ -159,6 +178,7 @@ void test_jobdir(void)
 	test_create();
 	test_refuse_links();
 	test_refuse_root();
+	test_usable();
 	test_bad_job_ids();
 	rm_tree(base);
 }

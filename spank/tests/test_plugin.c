@@ -215,6 +215,23 @@ static void test_remote(void)
 	CHECK(call("slurm_spank_user_init", 3, av) == 0);
 	CHECK(fake_env_get("SLURM_ATTR_DIR") == NULL);
 	check_log_prefix();
+
+	/* Enabled, but the job dir was planted by another uid and refused: no evidence
+	 * variables (issue 10); the same job with its own dir (1234, above) gets them. */
+	if (geteuid() == 0) {
+		load(S_CTX_REMOTE);
+		fake.job_id = 1301;
+		snprintf(dir, sizeof(dir), "%s/1301", root);
+		CHECK(mkdir(dir, 0700) == 0 && chown(dir, 5555, 5555) == 0);
+		CHECK(call("slurm_spank_init", 3, av) == 0);
+		CHECK(call("slurm_spank_user_init", 3, av) == 0);
+		CHECK(fake_env_get("SLURM_ATTR_DIR") == NULL);
+		CHECK(fake_env_get("TORCH_FR_DUMP_TEMP_FILE") == NULL);
+		CHECK(fake_env_get("NCCL_PROFILER_PLUGIN") == NULL);
+		CHECK(fake_logged("evidence directory refused"));
+		CHECK(lstat(dir, &st) == 0 && st.st_uid == 5555);
+		check_log_prefix();
+	}
 }
 
 /* slurmd's job_prolog: job identity from the hook environment. */

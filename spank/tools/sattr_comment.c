@@ -17,12 +17,23 @@
 #include <slurm/slurm.h>
 #include <slurm/slurmdb.h>
 
-/* Exported by libslurm but not declared in its public headers. */
-extern int slurm_addto_step_list(List step_list, char *names);
-extern slurmdb_job_rec_t *slurmdb_create_job_rec(void);
-extern void slurm_destroy_selected_step(void *object);
+/*
+ * Slurm's list handle is `List` (typedef struct xlist *) in 22.05 and `list_t`
+ * (typedef struct xlist) from 23.x on, where newer headers drop `List`. Both name
+ * `struct xlist`, so spelling it out is right for every release without a version
+ * test (whichever release first shipped list_t does not matter here).
+ */
+typedef struct xlist *sattr_list_t;
 
-#define SATTR_TEXT_MAX 4000
+/*
+ * Exported by libslurm but not declared in its public headers (all releases). The step
+ * list is filled here rather than with slurm_addto_step_list(), which newer headers do
+ * not declare and whose signature follows the list type.
+ */
+extern slurmdb_job_rec_t *slurmdb_create_job_rec(void);
+
+/* Far above [comment] max_len; longer input is refused, never cut silently. */
+#define SATTR_TEXT_MAX 16384
 
 static int sattr_digits(const char *s)
 {
@@ -44,7 +55,9 @@ int main(int argc, char **argv)
 	void *db = NULL;
 	slurmdb_job_cond_t cond;
 	slurmdb_job_rec_t *job = NULL;
-	List ret = NULL;
+	sattr_list_t ret = NULL;
+	/* The whole job (allocation), as `sacctmgr modify job where jobid=N` selects it. */
+	static slurm_selected_step_t step;
 	size_t n;
 	int rc = 5;
 
@@ -55,6 +68,10 @@ int main(int argc, char **argv)
 	}
 	n = fread(text, 1, SATTR_TEXT_MAX, stdin);
 	text[n] = '\0';
+	if (n == SATTR_TEXT_MAX && fgetc(stdin) != EOF) {
+		fprintf(stderr, "sattr-comment: text longer than %d bytes\n", SATTR_TEXT_MAX);
+		return 2;
+	}
 	while (n > 0 && (text[n - 1] == '\n' || text[n - 1] == '\r'))
 		text[--n] = '\0';
 	snprintf(jobid, sizeof(jobid), "%s", argv[2]);
@@ -68,8 +85,14 @@ int main(int argc, char **argv)
 	memset(&cond, 0, sizeof(cond));
 	cond.cluster_list = slurm_list_create(NULL);
 	slurm_list_append(cond.cluster_list, argv[1]);
-	cond.step_list = slurm_list_create(slurm_destroy_selected_step);
-	slurm_addto_step_list(cond.step_list, jobid);
+	step.array_task_id = NO_VAL;
+	step.het_job_offset = NO_VAL;
+	step.step_id.job_id = (uint32_t)strtoul(jobid, NULL, 10);
+	step.step_id.step_id = NO_VAL;
+	step.step_id.step_het_comp = NO_VAL;
+	/* No destructor: the element is static, not from Slurm's allocator. */
+	cond.step_list = slurm_list_create(NULL);
+	slurm_list_append(cond.step_list, &step);
 	/* As sacctmgr sets them: no default time window, the job's flags not filtered. */
 	cond.flags = JOBCOND_FLAG_NO_DEFAULT_USAGE;
 	cond.db_flags = SLURMDB_JOB_FLAG_NOTSET;

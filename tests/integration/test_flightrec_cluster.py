@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.torch]
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "cluster" / "jobs" / "fr_train.py"

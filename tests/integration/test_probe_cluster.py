@@ -6,6 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from slurm_attr.probe import layout as L
+from slurm_attr.probe import record
+
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,6 +45,9 @@ exit 1
     v = cluster.verdict(job)
     files = list(cluster.bundle(job).glob("nodes/*/probe/*.probe"))
     assert len(files) == 8
+    # the installed plugin writes layout version 2 (lane pool after the slots), whole
+    recs = [record.parse(f.read_bytes(), str(f)) for f in files]
+    assert {r.layout_ver for r in recs} == {L.LAYOUT_VER} and {f.stat().st_size for f in files} == {L.FILE_SIZE}
     probe = [s for s in v["symptoms"] if s["id"] == "probe.non_entry"]
     assert [s["rank"] for s in probe] == [3], v["symptoms"]
     assert probe[0]["trusted"] is False

@@ -44,6 +44,7 @@ class Scenario:
     timeout: float = 3.0  # Gloo collective timeout
     drop: tuple[int, ...] = ()  # dumps deleted afterwards (missing dumps)
     snap_every: bool = True  # snapshot after every collective (False: only at the end)
+    mirror: bool = False  # a second group of every rank, all_reduced after reduce_loss each step
     expect: dict = field(default_factory=dict)
 
 
@@ -59,10 +60,19 @@ SCENARIOS = {
         Scenario("subgroup", tp=2, fault="tp_size", rank=5),
         Scenario("wrap", steps=12, extra=(0, 1, 2, 3), fault="size", rank=6, step=11, buffer=20),
         Scenario("long", world=2, steps=1000, snap_every=False),  # full 2000-entry rings: read head + tail
+        # rank 3 issues the mirror group's all_reduce before the world's reduce_loss at step 3: a deadlock
+        Scenario("order", mirror=True, fault="order", rank=3),
+        Scenario("order_pair", world=2, mirror=True, fault="order", rank=1),  # one rank each way: no majority order
+        # two-member TP groups: the first TP collective of all, so the group has no history to vote with
+        Scenario("tp_first", tp=2, fault="tp_size", rank=4, step=1),
+        # one two-member group and nothing of its shape to compare with
+        Scenario("pair", world=2, tp=2, fault="tp_size", rank=0, step=1),
     )
 }
 # Derived from a scenario's dumps by deleting some (no torch run of their own).
-DERIVED = {"size_missing": ("size", (1,)), "stuck_missing_culprit": ("stuck", (3,))}
+DERIVED = {"size_missing": ("size", (1,)), "stuck_missing_culprit": ("stuck", (3,)),
+           "size_missing_culprit": ("size", (7,)), "subgroup_missing_culprit": ("subgroup", (5,)),
+           "healthy_missing": ("healthy", (2,))}
 
 
 def _free_port() -> int:
@@ -95,6 +105,8 @@ def _rank_main(sc: Scenario, rank: int, out: str, port: int) -> None:
         pg = dist.new_group(list(sc.extra), timeout=timedelta(seconds=sc.timeout))
         if rank in sc.extra:
             groups["extra"] = pg
+    if sc.mirror:
+        groups["mirror"] = dist.new_group(list(range(sc.world)), timeout=timedelta(seconds=sc.timeout))
     seq = {k: 0 for k in groups}
     path = os.path.join(out, f"nccl_trace_rank_{rank}")
     jpath = os.path.join(out, "json", f"nccl_trace_rank_{rank}.json")
@@ -162,6 +174,9 @@ def _rank_main(sc: Scenario, rank: int, out: str, port: int) -> None:
             return
         coll("world", dist.all_reduce, metrics, gate=step == sc.step and sc.fault in ("skip", "op"))
 
+    def mirror_allreduce(step: int) -> None:
+        coll("mirror", dist.all_reduce, extra_t)
+
     def broadcast_params(step: int) -> None:
         coll("world", dist.broadcast, params, src=0)
 
@@ -175,7 +190,16 @@ def _rank_main(sc: Scenario, rank: int, out: str, port: int) -> None:
             if "extra" in groups:
                 extra_allreduce(step)
             sync_grads(step)
-            reduce_loss(step)
+            if sc.fault == "order" and f_rank and step == sc.step:
+                # the bug: this rank issues the two collectives in the other order
+                with open(os.path.join(out, "expected.json"), "w") as f:
+                    json.dump({"culprit": rank, "pg": "0", "seq": seq["world"] + 1}, f)
+                mirror_allreduce(step)
+                reduce_loss(step)
+            else:
+                reduce_loss(step)
+                if "mirror" in groups:
+                    mirror_allreduce(step)
             if step % 2 == 0:
                 broadcast_params(step)
         coll("world", dist.barrier)

@@ -148,7 +148,9 @@ def test_bundle_nodes_matrix_and_html(dumps: Path, tmp_path: Path) -> None:
         shutil.copy(dumps / "subgroup" / f"nccl_trace_rank_{r}", root / "nodes" / node / "fr")
     (root / "job.json").write_text(json.dumps({"job_id": "42", "nodes": ["node-a", "node-b"], "ranks": ranks}))
     symptoms, cov = flightrec.analyze(Bundle(str(root)), Config())
-    assert [(s.rank, s.node, s.role) for s in symptoms] == [(5, "node-b", "root"), (4, "node-b", "cascade"), (5, "node-b", "cascade")]
+    # downstream hangs name their victims in fields, not as the symptom's rank/node (no culprit by accident)
+    assert [(s.rank, s.node, s.role) for s in symptoms] == [(5, "node-b", "root"), (None, None, "cascade"), (None, None, "cascade")]
+    assert [(s.fields["behind_ranks"], s.fields["behind_nodes"]) for s in symptoms[1:]] == [([4], ["node-b"]), ([5], ["node-b"])]
     assert [(c.node, c.status) for c in cov] == [("node-a", "ok"), ("node-b", "ok")]
     rep = flightrec.inspect(str(root))
     m = build_matrix(rep.dumps, rep.analysis)
@@ -172,3 +174,67 @@ def test_full_ring_is_read_by_head_and_tail(dumps: Path) -> None:
         assert len(st.sigs) == 256 and st.hi == ref.hi
         assert st.sigs == ref.sigs[len(ref.sigs) - 256 :]
     assert flightrec.inspect(str(d)).symptoms == []
+
+
+def test_order_deadlock_names_the_swapped_rank(dumps: Path) -> None:
+    """Rank 3 all_reduced the mirror group before the world's reduce_loss (step 3); everyone hung."""
+    d = dumps / "order"
+    exp = _expected(d)
+    assert (exp["culprit"], exp["pg"], exp["seq"]) == (3, "0", 7)
+    rep = flightrec.inspect(str(d))
+    (root,) = _roots(rep)
+    assert (root.rank, root.fields["pg"], root.fields["collective_seq_id"], root.fields["kind"]) == (3, "0", 7, "order")
+    assert root.fields["waits_in"] == {"pg": "1", "collective_seq_id": 3} and root.fields["ambiguous"] is False
+    (down,) = [s for s in rep.symptoms if s.role == "cascade"]
+    assert (down.fields["pg"], down.fields["behind_ranks"], down.fields["root_ranks"]) == ("1", [0, 1, 2, 4, 5, 6, 7], [3])
+
+
+def test_order_deadlock_of_two_ranks_names_both(dumps: Path) -> None:
+    """Near miss of the above: with two ranks, one each way, nobody kept "the" order: both named, ambiguous."""
+    assert _expected(dumps / "order_pair")["culprit"] == 1
+    roots = _roots(flightrec.inspect(str(dumps / "order_pair")))
+    assert sorted((s.rank, s.fields["kind"], s.fields["ambiguous"]) for s in roots) == [(0, "order", True), (1, "order", True)]
+    assert {s.rank: s.fields["waits_in"]["pg"] for s in roots} == {0: "0", 1: "1"}
+
+
+def test_two_member_group_tie_broken_by_siblings(dumps: Path) -> None:
+    """Rank 4 (the lower rank of TP pair [4, 5]) broke the pair's very first collective: no history, siblings decide."""
+    d = dumps / "tp_first"
+    exp = _expected(d)
+    assert (exp["culprit"], exp["pg"], exp["seq"]) == (4, "3", 1)
+    (root,) = _roots(flightrec.inspect(str(d)))
+    assert (root.rank, root.fields["pg"], root.fields["collective_seq_id"], root.fields["kind"]) == (4, "3", 1, "size")
+    assert (root.fields["tie_break"], root.fields["ambiguous"]) == ("siblings", False)
+
+
+def test_lone_pair_names_both(dumps: Path) -> None:
+    """Near miss of the above: a 2-rank job has no sibling pair; FR names both ranks, ambiguous."""
+    d = dumps / "pair"
+    assert _expected(d)["culprit"] == 0
+    roots = _roots(flightrec.inspect(str(d)))
+    assert sorted((s.rank, s.fields["pg"], s.fields["collective_seq_id"], s.fields["ambiguous"]) for s in roots) == [(0, "1", 1, True), (1, "1", 1, True)]
+
+
+def test_culprit_that_left_no_dump(dumps: Path) -> None:
+    """Rank 7 aborted in its size-mismatched all_reduce and its dump is gone: the 7 waiting ranks point at it."""
+    rep = flightrec.inspect(str(dumps / "size_missing_culprit"))
+    (s,) = _roots(rep)
+    assert (s.id, s.rank, s.fields["pg"], s.fields["collective_seq_id"], s.fields["no_dump"]) == ("fr.rank_stuck", 7, "0", 6, True)
+    assert s.fields["waiting_ranks"] == [0, 1, 2, 3, 4, 5, 6]
+
+
+def test_subgroup_culprit_that_left_no_dump(dumps: Path) -> None:
+    """Stock Gloo's broken pg_config hides that rank 5 is in TP pair '3': the waiting pair member still points at it."""
+    rep = flightrec.inspect(str(dumps / "subgroup_missing_culprit"))
+    (s,) = _roots(rep)
+    assert (s.id, s.rank, s.fields["no_dump"], s.fields["confidence"]) == ("fr.rank_stuck", 5, True, "low")
+    assert "3" in {s.fields["pg"], *(x["pg"] for x in s.fields.get("also_missing_in", []))}
+    assert s.fields["membership"].startswith("inferred")
+    (down,) = [x for x in rep.symptoms if x.role == "cascade"]
+    assert (down.fields["pg"], down.fields["behind_ranks"], down.fields["root_ranks"]) == ("5", [4], [5])
+
+
+def test_healthy_run_missing_a_dump_blames_nobody(dumps: Path) -> None:
+    rep = flightrec.inspect(str(dumps / "healthy_missing"))
+    assert [s for s in rep.symptoms if s.role != "context"] == []
+    assert [c.detail for c in rep.coverage if c.status == "missing"] == ["no dump for rank 2"]

@@ -1,12 +1,13 @@
-"""Who sees which verdict: admins everything, users their own (from the database or the job comment)."""
+"""Who sees which verdict: admins everything, users their own (from the database or the root-written copy)."""
 from __future__ import annotations
 
 import grp
+import os
 from types import SimpleNamespace
 
 import pytest
 
-from slurm_attr import access
+from slurm_attr import access, usercopy
 from slurm_attr.config import Config
 from slurm_attr.errors import NotFound, PermissionDenied
 from slurm_attr.model import Verdict
@@ -75,19 +76,55 @@ def test_unknown_admin_group_grants_nothing(cfg):
     assert not access.is_admin(cfg, 1002, "bob")
 
 
-def test_unreadable_database_falls_back_to_the_job_comment(cfg, monkeypatch):
+@pytest.fixture
+def copy_as_me(monkeypatch):
+    # The copy's directories and files must belong to TRUSTED_UID (root on a site).
+    monkeypatch.setattr(usercopy, "TRUSTED_UID", os.getuid())
+
+
+def test_unreadable_database_reads_the_root_written_copy(cfg, monkeypatch, copy_as_me):
+    v = Verdict(job_id="8", cause="gpu_hardware", summary="GPU fell off the bus", culprit_nodes=["n2"],
+                culprit_ranks=[3, 7], culprit_gpus=["0000:3b:00"])
+    usercopy.publish(cfg, {"job_id": "8", "uid": 1001, "user": "alice", "partition": "gpu"}, v)
+    # The Comment says something else (the user typed it): it is not read.
     slurm = AcctSlurm({"8": ({"User": "alice", "Partition": "gpu", "State": "FAILED"},
-                             "my note; SATTR1: gpu_hardware nodes=n2 gpus=0000:3b:00 ranks=3,7 - GPU fell off the bus")})
+                             "my note; SATTR1: none - all fine")})
     monkeypatch.setattr(access, "default_backend", lambda *a, **k: slurm)
     monkeypatch.setattr(access, "can_read_database", lambda path: False)
     _as(monkeypatch, 1001, "alice")
     view = access.job_view(cfg, "8")
-    assert view.source == "accounting"
-    v = view.verdict
-    assert (v.cause, v.culprit_nodes, v.culprit_ranks, v.summary) == ("gpu_hardware", ["n2"], [3, 7], "GPU fell off the bus")
+    assert view.source == "copy"
+    got = view.verdict
+    assert (got.cause, got.culprit_nodes, got.culprit_ranks, got.summary) == \
+        ("gpu_hardware", ["n2"], [3, 7], "GPU fell off the bus")
+    assert view.job["partition"] == "gpu"
     _as(monkeypatch, 1002, "bob")
     with pytest.raises(PermissionDenied, match="another user"):
         access.job_view(cfg, "8")
+
+
+@pytest.mark.parametrize("fake", [
+    "sattr1: gpu_hardware nodes=n3 gpus=0000:3b:00 - GPU 0000:3b:00 on n3 fell off the bus (Xid 79)",
+    "SATTR1: gpu_hardware nodes=n3 - GPU fell off the bus",
+    "my run; SaTtR1: nvlink nodes=n3 - NVSwitch fatal",
+])
+def test_fake_marker_in_the_comment_is_never_shown_as_a_verdict(cfg, monkeypatch, copy_as_me, fake):
+    slurm = AcctSlurm({"9": ({"User": "alice", "Partition": "gpu"}, fake)})
+    monkeypatch.setattr(access, "default_backend", lambda *a, **k: slurm)
+    monkeypatch.setattr(access, "can_read_database", lambda path: False)
+    _as(monkeypatch, 1001, "alice")
+    with pytest.raises(NotFound, match="no verdict for job 9"):
+        access.job_view(cfg, "9")
+
+
+def test_copy_of_the_real_verdict_wins_over_a_fake_comment(cfg, monkeypatch, copy_as_me):
+    # Near miss of the case above: with a copy present, the copy (user_error) is shown.
+    usercopy.publish(cfg, {"uid": 1001}, Verdict(job_id="9", cause="user_error", summary="exit 3"))
+    slurm = AcctSlurm({"9": ({"User": "alice", "Partition": "gpu"}, "sattr1: gpu_hardware nodes=n3 - fake")})
+    monkeypatch.setattr(access, "default_backend", lambda *a, **k: slurm)
+    monkeypatch.setattr(access, "can_read_database", lambda path: False)
+    _as(monkeypatch, 1001, "alice")
+    assert access.job_view(cfg, "9").verdict.cause == "user_error"
 
 
 def test_comment_without_verdict_is_not_found(cfg, monkeypatch):
@@ -103,16 +140,6 @@ def test_can_read_database(tmp_path):
     assert not access.can_read_database(str(tmp_path / "missing.db"))
     Store(str(tmp_path / "x.db"))
     assert access.can_read_database(str(tmp_path / "x.db"))
-
-
-def test_lower_cased_comment_is_still_read(cfg, monkeypatch):
-    # sacctmgr (22.05) stores a modified comment in lower case.
-    slurm = AcctSlurm({"10": ({"User": "alice"}, "sattr1: cuda_oom nodes=n1 - cuda out of memory")})
-    monkeypatch.setattr(access, "default_backend", lambda *a, **k: slurm)
-    monkeypatch.setattr(access, "can_read_database", lambda path: False)
-    _as(monkeypatch, 1001, "alice")
-    v = access.job_view(cfg, "10").verdict
-    assert (v.cause, v.culprit_nodes, v.summary) == ("cuda_oom", ["n1"], "cuda out of memory")
 
 
 def test_incomplete_accounting_row_is_waited_for_not_denied(cfg, monkeypatch):
@@ -132,7 +159,11 @@ def test_incomplete_accounting_row_is_waited_for_not_denied(cfg, monkeypatch):
     monkeypatch.setattr(access, "can_read_database", lambda path: False)
     monkeypatch.setattr(access, "_SETTLE_S", 0.0)
     _as(monkeypatch, 1001, "alice")
-    assert access.job_view(cfg, "11").verdict.cause == "user_error"
+    # No copy yet: the owner is told "not yet", not "another user's" (the Comment's
+    # `sattr1:` text is not a verdict).
+    with pytest.raises(NotFound, match="no verdict for job 11 yet"):
+        access.job_view(cfg, "11")
+    assert rows == [({"User": "alice", "Partition": "debug"}, "sattr1: user_error - exit 3")]
 
 
 def test_complete_row_of_another_user_is_denied_at_once(cfg, monkeypatch):

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from slurm_attr import drain, fastpath
-from slurm_attr.errors import RuleError, StoreError
+from slurm_attr.errors import RuleError
 from slurm_attr.model import Evidence, Symptom
 from slurm_attr.store import Store
 
@@ -66,12 +66,19 @@ def _bundle(tmp_path, node="n2", kernel: str | None = ""):
 def test_fatal_xid_drains_this_node_and_records_fast_decision(tmp_path, fake_catalog):
     slurm, store = FakeSlurm(), Store(memory=True)
     kernel = "2026-11-30T10:00:00+00:00 host kernel: usb 1-1: new device\n" + XID79 + "\n"
-    acts = fastpath.run(drain_cfg(), "1234", "n2", _bundle(tmp_path, kernel=kernel), slurm=slurm, store=store)
+    acts = fastpath.run(drain_cfg(), "1234", "n2", _bundle(tmp_path, kernel=kernel), slurm=slurm)
     assert [(a.kind, a.node, a.applied) for a in acts] == [("drain", "n2", True)]
     assert acts[0].reason == "SATTR: gpu_hardware xid79 gpu3b:00 job 1234"
     assert slurm.drained() == ["n2"] and slurm.reason("n2").startswith("SATTR: gpu_hardware xid79")
+    assert store.actions("1234") == []  # the fast path never touches the database
+    # The central side records it from Slurm's reason (its timestamp feeds the breaker's ledger).
+    from slurm_attr import reconcile
+
+    reconcile.record_fast(store, "1234", reconcile.fast_decisions("", {"job_id": "1234", "nodes": ["n2", "n3"]},
+                                                                  slurm, store))
     rows = store.actions("1234")
-    assert [(r["node"], r["path"], r["applied"], r["actor"]) for r in rows] == [("n2", "fast", 1, "epilog@n2")]
+    assert [(r["node"], r["path"], r["applied"], r["actor"]) for r in rows] == [("n2", "fast", 1, "slurm reason")]
+    assert store.ledger_has("n2", ["1234"]) and not store.ledger_has("n3", ["1234"])
     # The central analysis of the same job then records "already drained" and drains nothing more.
     from test_drain_fakes import hw_verdict
 
@@ -90,51 +97,71 @@ def test_only_this_nodes_own_symptoms_count(tmp_path, fake_catalog, monkeypatch)
         return extract(catalog, source, "n3", path, lines)
 
     monkeypatch.setattr(fastpath, "_catalog_api", lambda: (load, other_node))
-    assert fastpath.run(drain_cfg(), "1", "n2", _bundle(tmp_path, kernel=XID79 + "\n"), slurm=slurm, store=store) == []
+    assert fastpath.run(drain_cfg(), "1", "n2", _bundle(tmp_path, kernel=XID79 + "\n"), slurm=slurm) == []
     assert slurm.drained() == []
 
 
 def test_informational_xid_does_not_drain(tmp_path, fake_catalog):
     slurm, store = FakeSlurm(), Store(memory=True)
     line = XID79.replace("): 79,", "): 63,")
-    assert fastpath.run(drain_cfg(), "1", "n2", _bundle(tmp_path, kernel=line + "\n"), slurm=slurm, store=store) == []
-    assert slurm.calls == [] and store.actions() == []
+    assert fastpath.run(drain_cfg(), "1", "n2", _bundle(tmp_path, kernel=line + "\n"), slurm=slurm) == []
+    assert slurm.calls == []
 
 
 def test_empty_or_missing_kernel_log_costs_no_catalog_load(tmp_path, fake_catalog):
     slurm = FakeSlurm()
-    assert fastpath.run(drain_cfg(), "1", "n2", _bundle(tmp_path, kernel=""), slurm=slurm, store=Store(memory=True)) == []
-    assert fastpath.run(drain_cfg(), "1", "n9", str(tmp_path / "nope"), slurm=slurm, store=Store(memory=True)) == []
+    assert fastpath.run(drain_cfg(), "1", "n2", _bundle(tmp_path, kernel=""), slurm=slurm) == []
+    assert fastpath.run(drain_cfg(), "1", "n9", str(tmp_path / "nope"), slurm=slurm) == []
     assert fake_catalog.loads == 0 and slurm.calls == []
 
 
 def test_disabled_or_fast_path_off_does_nothing(tmp_path, fake_catalog):
     slurm = FakeSlurm()
     b = _bundle(tmp_path, kernel=XID79 + "\n")
-    assert fastpath.run(drain_cfg(enabled=False), "1", "n2", b, slurm=slurm, store=Store(memory=True)) == []
-    assert fastpath.run(drain_cfg(fast_path=False), "1", "n2", b, slurm=slurm, store=Store(memory=True)) == []
+    assert fastpath.run(drain_cfg(enabled=False), "1", "n2", b, slurm=slurm) == []
+    assert fastpath.run(drain_cfg(fast_path=False), "1", "n2", b, slurm=slurm) == []
     assert slurm.calls == [] and fake_catalog.loads == 0
 
 
 def test_dry_run_records_and_does_not_drain(tmp_path, fake_catalog):
     slurm, store = FakeSlurm(), Store(memory=True)
-    acts = fastpath.run(drain_cfg(dry_run=True), "1", "n2", _bundle(tmp_path, kernel=XID79 + "\n"), slurm=slurm,
-                        store=store)
+    acts = fastpath.run(drain_cfg(dry_run=True), "1", "n2", _bundle(tmp_path, kernel=XID79 + "\n"), slurm=slurm)
     assert [(a.applied, a.blocked_by) for a in acts] == [(False, "dry-run")]
-    assert slurm.drained() == [] and store.actions("1")[0]["blocked_by"] == "dry-run"
+    assert slurm.drained() == [] and not any(c[0] == "drain" for c in slurm.calls)
 
 
-def test_tripped_breaker_and_admin_drain_are_respected(tmp_path, fake_catalog):
-    slurm, store = FakeSlurm(), Store(memory=True)
-    with store.transaction():
-        store.trip_breaker("test")
-    acts = fastpath.run(drain_cfg(), "1", "n2", _bundle(tmp_path, kernel=XID79 + "\n"), slurm=slurm, store=store)
-    assert acts[0].blocked_by == "circuit breaker" and slurm.drained() == []
-    store.reset_breaker("root")
+def test_breaker_state_comes_from_slurm_and_admin_drain_is_respected(tmp_path, fake_catalog):
+    """Deliberately changed (issue 11): no database on the node; the breaker's limits are read from
+    Slurm's SATTR: reasons and partition sizes. 4 nodes at 10 %: one of ours drained already -> blocked."""
+    slurm = FakeSlurm()
+    slurm.drain("n1", "SATTR: gpu_hardware xid79 job 9")
+    acts = fastpath.run(drain_cfg(max_partition_percent=10.0), "1", "n2", _bundle(tmp_path, kernel=XID79 + "\n"),
+                        slurm=slurm)
+    assert acts[0].blocked_by == "circuit breaker" and slurm.drained() == ["n1"]
+    # Near miss: an admin's drain of n1 is not ours and does not count against the share.
+    slurm.resume("n1")
+    slurm.admin_drain("n1", "ticket 3")
+    acts = fastpath.run(drain_cfg(max_partition_percent=10.0), "1", "n2", _bundle(tmp_path / "y", kernel=XID79 + "\n"),
+                        slurm=slurm)
+    assert acts[0].applied and slurm.drained() == ["n1", "n2"]
+    slurm.resume("n2")
     slurm.admin_drain("n2", "ticket 7")
-    acts = fastpath.run(drain_cfg(), "2", "n2", _bundle(tmp_path / "x", kernel=XID79 + "\n"), slurm=slurm, store=store)
+    acts = fastpath.run(drain_cfg(), "2", "n2", _bundle(tmp_path / "x", kernel=XID79 + "\n"), slurm=slurm)
     assert acts[0].blocked_by == "not our drain: ticket 7"
     assert slurm.reason("n2").startswith("ticket 7")
+
+
+def test_window_count_comes_from_reason_timestamps(tmp_path, fake_catalog):
+    slurm = FakeSlurm({f"n{i}": ["big"] for i in range(1, 9)})
+    slurm.set_state("n5", "IDLE+DRAIN", "SATTR: gpu_hardware xid79 job 5")  # stamped 2026-01-01: old
+    slurm.drain("n6", "SATTR: gpu_hardware xid79 job 6")  # stamped now
+    cfg = drain_cfg(max_drains=1, window_s=3600)
+    acts = fastpath.run(cfg, "1", "n2", _bundle(tmp_path, kernel=XID79 + "\n"), slurm=slurm)
+    assert acts[0].blocked_by == "circuit breaker" and "n2" not in slurm.drained()
+    # Near miss: only the old drain in the window's past -> allowed.
+    slurm.resume("n6")
+    acts = fastpath.run(cfg, "1", "n2", _bundle(tmp_path / "b", kernel=XID79 + "\n"), slurm=slurm)
+    assert acts[0].applied and "n2" in slurm.drained()
 
 
 def test_never_raises(tmp_path, monkeypatch, caplog):
@@ -143,28 +170,31 @@ def test_never_raises(tmp_path, monkeypatch, caplog):
 
     monkeypatch.setattr(fastpath, "_catalog_api", lambda: (broken, None))
     with caplog.at_level(logging.ERROR, logger="slurm_attr"):
-        assert fastpath.run(drain_cfg(), "1", "n2", _bundle(tmp_path, kernel=XID79 + "\n"), slurm=FakeSlurm(),
-                            store=Store(memory=True)) == []
+        assert fastpath.run(drain_cfg(), "1", "n2", _bundle(tmp_path, kernel=XID79 + "\n"), slurm=FakeSlurm()) == []
     assert "fast path on n2 failed" in caplog.text
 
 
-def test_no_database_leaves_the_drain_to_the_central_path(tmp_path, fake_catalog, monkeypatch, caplog):
-    def no_store(cfg):
-        raise StoreError("cannot open verdict database /x: unable to open database file")
-
-    monkeypatch.setattr(fastpath, "_open_store", no_store)
+def test_drains_from_memory_without_database_or_spool(tmp_path, fake_catalog):
+    """Deliberately changed (issue 11): the fast path decides from the kernel window in memory and
+    drains with Slurm alone; a missing database no longer leaves the node to go idle."""
+    cfg = drain_cfg()
+    cfg.paths.database = str(tmp_path / "nowhere" / "sattr.db")
+    cfg.paths.spool = str(tmp_path / "nospool")
     slurm = FakeSlurm()
-    with caplog.at_level(logging.ERROR, logger="slurm_attr"):
-        assert fastpath.run(drain_cfg(), "1", "n2", _bundle(tmp_path, kernel=XID79 + "\n"), slurm=slurm) == []
-    assert slurm.calls == [] and "central analysis" in caplog.text
+    acts = fastpath.run(cfg, "1", "n2", (XID79 + "\n").encode(), slurm=slurm)
+    assert acts[0].applied and slurm.drained() == ["n2"]
+    assert not (tmp_path / "nowhere").exists() and not (tmp_path / "nospool").exists()
+    # Near miss: the same bytes with a non-fatal Xid touch nothing.
+    slurm2 = FakeSlurm()
+    assert fastpath.run(cfg, "1", "n2", XID79.replace("): 79,", "): 63,").encode(), slurm=slurm2) == []
+    assert slurm2.calls == []
 
 
 def test_slurm_unreachable_is_logged_not_raised(tmp_path, fake_catalog):
     slurm, store = FakeSlurm(), Store(memory=True)
     slurm.unreachable = True
-    acts = fastpath.run(drain_cfg(), "1", "n2", _bundle(tmp_path, kernel=XID79 + "\n"), slurm=slurm, store=store)
+    acts = fastpath.run(drain_cfg(), "1", "n2", _bundle(tmp_path, kernel=XID79 + "\n"), slurm=slurm)
     assert not acts[0].applied and acts[0].blocked_by.startswith("slurm error")
-    assert store.actions("1")[0]["blocked_by"].startswith("slurm error")
 
 
 def _real_catalog_matches_xid79() -> bool:
@@ -182,8 +212,7 @@ def test_real_catalog_fatal_xid_drains_and_is_fast(tmp_path):
     slurm, store = FakeSlurm(), Store(memory=True)
     noise = "".join(f"2026-11-30T10:00:{i % 60:02d}+00:00 host kernel: eth0: link up {i}\n" for i in range(2000))
     t0 = time.monotonic()
-    acts = fastpath.run(drain_cfg(), "1234", "n2", _bundle(tmp_path, kernel=noise + XID79 + "\n"), slurm=slurm,
-                        store=store)
+    acts = fastpath.run(drain_cfg(), "1234", "n2", _bundle(tmp_path, kernel=noise + XID79 + "\n"), slurm=slurm)
     ms = (time.monotonic() - t0) * 1000
     assert [(a.node, a.applied) for a in acts] == [("n2", True)]
     assert acts[0].reason.startswith("SATTR: gpu_hardware xid79") and acts[0].reason.endswith("job 1234")
@@ -207,13 +236,9 @@ def test_fast_path_never_creates_a_node_local_database(tmp_path, fake_catalog):
     cfg = drain_cfg()
     cfg.paths.database = str(tmp_path / "not-shared" / "sattr.db")
     slurm = FakeSlurm()
-    assert fastpath.run(cfg, "1", "n2", _bundle(tmp_path, kernel=XID79 + "\n"), slurm=slurm) == []
-    assert not (tmp_path / "not-shared").exists() and slurm.drained() == []
-    # With the (shared) database present, the same run drains and records.
-    Store(cfg.paths.database.replace("not-shared", "shared"))
-    cfg.paths.database = cfg.paths.database.replace("not-shared", "shared")
-    acts = fastpath.run(cfg, "1", "n2", _bundle(tmp_path / "b", kernel=XID79 + "\n"), slurm=slurm)
-    assert acts[0].applied and Store(cfg.paths.database).actions("1")[0]["path"] == "fast"
+    acts = fastpath.run(cfg, "1", "n2", _bundle(tmp_path, kernel=XID79 + "\n"), slurm=slurm)
+    assert acts[0].applied and slurm.drained() == ["n2"]
+    assert not (tmp_path / "not-shared").exists()
 
 
 def test_program_fault_13_then_109_does_not_drain(tmp_path):
@@ -238,11 +263,11 @@ def test_program_fault_13_then_109_does_not_drain(tmp_path):
             touched.append(name)
             raise AttributeError(name)
 
-    assert fastpath.run(cfg, "7", "n1", str(bdir), slurm=Recorder(), store=Recorder()) == []
+    assert fastpath.run(cfg, "7", "n1", str(bdir), slurm=Recorder()) == []
     assert touched == []
     # Xid 109 alone (no 13 before it) is a GPU reset: the policy is consulted.
     (bdir / "nodes" / "n1" / "kernel.log").write_text(
         "2026-11-30T10:00:01+00:00 h kernel: NVRM: Xid (PCI:0000:3b:00): 109, pid=4242, name=python, "
         "Ch 00000010, errorString CTX SWITCH TIMEOUT, Info 0x1c069\n")
-    fastpath.run(cfg, "7", "n1", str(bdir), slurm=Recorder(), store=Recorder())
+    fastpath.run(cfg, "7", "n1", str(bdir), slurm=Recorder())
     assert touched != []

@@ -138,8 +138,11 @@ def test_two_rank_tie_without_history_is_ambiguous(tmp_path: Path) -> None:
     write(tmp_path, 0, [E("0", 1, "all_reduce", ((8,),))], g)
     write(tmp_path, 1, [E("0", 1, "all_reduce", ((9,),))], g)
     rep = flightrec.inspect(str(tmp_path))
-    (s,) = rep.symptoms
-    assert s.fields["ambiguous"] is True and s.fields["confidence"] == "low"
+    # issue 12 item 3: still tied after history and siblings -> both ranks named, each ambiguous
+    assert sorted(s.rank for s in rep.symptoms) == [0, 1]
+    for s in rep.symptoms:
+        assert s.fields["ambiguous"] is True and s.fields["confidence"] == "low"
+        assert s.fields["tied_with"] == [1 - s.rank]
 
 
 def test_all_to_all_sizes_may_differ(tmp_path: Path) -> None:
@@ -229,8 +232,11 @@ def test_downstream_groups_are_cascade_not_roots(tmp_path: Path) -> None:
     got = [(s.id, s.role, s.rank, s.fields["pg"], s.fields["collective_seq_id"]) for s in rep.symptoms]
     assert got == [
         ("fr.rank_stuck", "root", 1, "1", 3),
-        ("fr.downstream_hang", "cascade", 0, "3", 3),  # rank 0 never reached DP0 #3: it waits in TP0 #3
+        # rank 0 never reached DP0 #3: it waits in TP0 #3. A downstream hang names its victims in
+        # behind_ranks, not as the symptom's rank (a verdict must not take them for culprits).
+        ("fr.downstream_hang", "cascade", None, "3", 3),
     ]
+    assert rep.symptoms[1].fields["behind_ranks"] == [0]
     root = rep.symptoms[0]
     assert root.fields["also_missing_in"] == [{"pg": "4", "collective_seq_id": 3}]
     assert rep.symptoms[1].fields["root_ranks"] == [1]

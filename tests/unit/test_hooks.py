@@ -52,7 +52,7 @@ def test_controller_hook_takes_the_allocation_from_its_environment(tmp_path, mon
     from slurm_attr.slurm import cli as slurm_cli
 
     cfg = tmp_path / "c.toml"
-    cfg.write_text(f'[paths]\nspool = "{tmp_path}/spool"\n')
+    cfg.write_text(f'[paths]\nspool = "{tmp_path}/spool"\n[intake]\nqueue_dir = "{tmp_path}/q"\n')
     monkeypatch.setenv("SLURM_ATTR_CONFIG", str(cfg))
     monkeypatch.setenv("SLURM_JOB_ID", "91")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")

@@ -63,7 +63,13 @@ def test_layout_matches_the_c_header(harness):
     assert (c["magic"].encode(), c["layout_ver"], c["hdr_size"], c["slot_size"], c["nslots"], c["file_size"]) == (
         L.MAGIC, L.LAYOUT_VER, L.HDR_SIZE, L.SLOT_SIZE, L.NSLOTS, L.FILE_SIZE)
     assert (c["hring"], c["opring"], c["nchan"], c["npeers"]) == (L.HRING, L.OPRING, L.NCHAN, L.NPEERS)
-    assert c["file_size"] <= 100_000
+    assert c["file_size"] <= 112 * 1024  # version 2: 110,592 B with the lane pool
+    assert (c["nlanes"], c["lane_size"], c["lanes_off"]) == (L.NLANES, L.LANE_SIZE, L.LANES_OFF)
+    lane = L.field_offsets(L.LANE_FIELDS)
+    assert (c["lane"]["bind"], c["lane"]["claims"], c["lane"]["net"], c["lane"]["peers"]) == (
+        lane["bind"], lane["claims"], L.LANE_CORE_OFF, L.LANE_PEERS_OFF)
+    for name in ("send_posted", "in_state", "last_progress_ns", "win_start_ns", "base_recv_bytes"):
+        assert c["lane"][f"net.{name}"] == lane[name], name
     assert c["sizes"] == {"hring_ent": L.HRING_ENT.size, "op_ent": L.OP_ENT.size, "chan": 8, "peer": L.PEER_ENT.size}
     assert c["slot"]["ops"] == L.OPS_OFF and c["slot"]["chan"] == L.CHAN_OFF and c["slot"]["peers"] == L.PEERS_OFF
     assert c["hdr"]["ring"] == L.RING_OFF
@@ -110,7 +116,7 @@ def test_healthy_job_has_no_findings(harness, tmp_path):
     bundle = _play(harness, tmp_path, "healthy", end_in_s=1)
     assert _found(bundle) == []
     files = [p for p in tmp_path.rglob("*.probe")]
-    assert len(files) == RANKS and all(os.path.getsize(p) == L.FILE_SIZE <= 100_000 for p in files)
+    assert len(files) == RANKS and all(os.path.getsize(p) == L.FILE_SIZE <= 112 * 1024 for p in files)
 
 
 def test_job_killed_mid_flight_has_no_findings(harness, tmp_path):

@@ -47,8 +47,12 @@ def test_verdict_text_and_merge():
     assert len(comment.verdict_text(v, 30)) <= 30
     assert comment.merge("", t) == t
     assert comment.merge("user note", t) == f"user note; {t}"
-    # Re-analysis: our old part is replaced, the user's kept, never duplicated.
-    assert comment.merge(f"user note; SATTR1: none - old", t) == f"user note; {t}"
+    # Re-analysis: our old part (a text we wrote, so `known`) is replaced, the user's kept,
+    # never duplicated. Changed deliberately (issue 10): without `known`, a marker in the
+    # field is the user's and is neutralised, never taken for ours.
+    old = "SATTR1: none - old"
+    assert comment.merge(f"user note; {old}", t, known=[old]) == f"user note; {t}"
+    assert comment.merge(f"user note; {old}", t) == f"user note; (SATTR1): none - old; {t}"
     v.summary = "bad | chars 'quoted'\nnewline"
     assert "|" not in comment.verdict_text(v, 400) and "'" not in comment.verdict_text(v, 400)
 

@@ -82,9 +82,16 @@ def test_verdict_xid109_on_another_gpu_stays_hardware():
     assert v.cause == "gpu_hardware" and v.culprit_gpus == ["0000:5e:00"]
 
 
-def test_verdict_xid109_long_after_xid13_stays_hardware():
+def test_verdict_xid109_long_after_xid13_is_the_nodes_health_not_the_cause():
+    # Changed with issue 12 item 7 / issue 10 "first failure wins": the Xid 13 program fault came
+    # first and ended the job; an Xid 109 an hour later is not its cascade (too late) but not the
+    # job's cause either. It keeps its reset action, so the node is still drained.
+    from slurm_attr.drain import candidates
     v = decide(JOB, [xid(13, "n2", time="2024-05-02T10:00:01"), xid(109, "n2", time="2024-05-02T11:00:00")], [])
-    assert v.cause == "gpu_hardware"
+    assert v.cause == "user_error"
+    [late] = [s for s in v.symptoms if s.id == "gpu.xid_109"]
+    assert late.role == "context" and late.action == "reset"
+    assert [c[0] for c in candidates(v)] == ["n2"]
 
 
 def test_verdict_a_bare_kill_is_not_an_oom():
@@ -223,12 +230,15 @@ def test_verdict_clean_exit_is_none_despite_survived_errors():
     assert roles(v)["cuda.oom"] == {"context"}
 
 
-def test_verdict_clean_exit_with_a_dead_gpu_still_reports_the_gpu():
+def test_verdict_clean_exit_with_a_dead_gpu_is_none_and_still_drains_the_node():
+    # Changed with issue 12 item 7: the job's cause and the node's health are separate answers.
+    from slurm_attr.drain import candidates
     syms = [sym("job.completed", "none", trusted=True, priority=1, source="slurm"), xid(79, "n1")]
     v = decide({**JOB, "state": "COMPLETED", "exit_code": 0}, syms, [])
-    assert v.cause == "gpu_hardware" and v.culprit_nodes == ["n1"]
-    assert {"cause": "none", "why": "the job itself completed with exit code 0"} in v.alternatives
-    assert not v.ambiguous
+    assert v.cause == "none" and v.culprit_nodes == []
+    assert roles(v)["gpu.xid_79"] == {"context"}
+    assert [(c[0], c[1]) for c in candidates(v)] == [("n1", "reboot")]
+    assert "n1" in v.summary and not v.ambiguous
 
 
 def test_verdict_completed_state_with_a_slurm_task_failure_is_not_trusted():

@@ -190,3 +190,16 @@ def test_verdict_bundle_job_state_alone(tmp_path, state, cause):
 def test_verdict_bundle_failed_exit_1_alone_is_the_program(tmp_path):
     v = verdict_of(make(tmp_path, job("FAILED", 1, 0), stdout="training...\n"))
     assert v.cause == "user_error" and v.domain == "user"
+
+
+def test_verdict_bundle_failed_exit_1_with_the_evidence_missing_is_unknown(tmp_path):
+    # Issue 12 item 8: without the output and the nodes' parts, a non-zero exit says nothing of why.
+    v = verdict_of(make(tmp_path, job("FAILED", 1, 0), drop_nodes=("n1", "n2")))
+    assert v.cause == "unknown" and v.domain == "unknown"
+    assert "on its own" not in v.summary and "no evidence" in v.summary
+
+
+def test_verdict_bundle_failed_exit_1_with_an_empty_but_collected_output_is_the_program(tmp_path):
+    # Near-miss of the above: `exit 3` prints nothing, and nothing is missing either.
+    v = verdict_of(make(tmp_path, job("FAILED", 3, 0), stdout=""))
+    assert v.cause == "user_error"

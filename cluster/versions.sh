@@ -1,0 +1,170 @@
+#!/usr/bin/env bash
+# `make test-versions`: the native build (-Werror) and its C tests, the test cluster, the demo's
+# first job and the integration suite (all but the torch tests: torch's wheel is for this
+# machine's Python) on the Slurm releases sites run beside Debian 12's 22.05:
+#
+#   trixie  Slurm 24.11, MariaDB 11.8, gcc 14, Python 3.13
+#   sid     Slurm 26.05, gcc 16, Python 3.14
+#
+# Each runs in a debootstrap root of its suite (cached in CACHE, apt archives too), inside its
+# own network, PID, mount, UTS and IPC namespaces; the network namespace has loopback and one
+# veth end with an address of its own (Slurm's daemons need a configured IPv4 interface) and no
+# route anywhere: the cluster's traffic stays on its loopback.
+#
+#   cluster/versions.sh [SUITE...]     prepare the roots, then run the suites in parallel
+#   cluster/versions.sh prepare SUITE  only build or refresh one root (needs the network)
+#   cluster/versions.sh run SUITE      only run one suite in its prepared root
+set -euo pipefail
+
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+CACHE=${SATTR_VERSIONS_CACHE:-/var/cache/sattr-versions}
+MIRROR=${SATTR_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+DEFAULT_SUITES=(trixie sid)
+CBASE=/var/lib/sattr-testcluster   # the test cluster's base inside a root
+
+log() { printf 'versions: %s\n' "$*" >&2; }
+die() { log "$*"; exit 1; }
+
+suite_index() { case $1 in trixie) echo 1 ;; sid) echo 2 ;; *) echo 3 ;; esac; }
+
+# Bind what a chroot needs for apt and builds; undone by unmount_root.
+mount_root() {
+    local root=$1
+    mount -t proc proc "$root/proc"
+    mount --rbind /dev "$root/dev"; mount --make-rslave "$root/dev"
+    mount --rbind /sys "$root/sys"; mount --make-rslave "$root/sys"
+    mkdir -p "$CACHE/archives-$2" "$root/var/cache/apt/archives"
+    mount --bind "$CACHE/archives-$2" "$root/var/cache/apt/archives"
+}
+
+unmount_root() {
+    local root=$1 m
+    for m in var/cache/apt/archives sys dev proc; do umount -R "$root/$m" 2>/dev/null || umount -l "$root/$m" 2>/dev/null || true; done
+}
+
+copy_source() {  # the working tree as git sees it (tracked + untracked, not ignored)
+    local root=$1
+    rm -rf "$root/src"; mkdir -p "$root/src"
+    (cd "$REPO" && git ls-files -z -c -o --exclude-standard | tar --null -T - -cf -) | tar -xf - -C "$root/src"
+}
+
+fetch_wheels() {  # fetch_wheels X.Y: the project's dependencies, pytest and the build backend
+    local pyver=$1 reqs
+    reqs=$(python3 - "$REPO/pyproject.toml" <<'PY'
+import sys, tomllib
+p = tomllib.load(open(sys.argv[1], "rb"))["project"]
+deps = [d for d in p.get("dependencies", []) if "python_version <" not in d]
+print("\n".join(deps + p.get("optional-dependencies", {}).get("test", []) + ["setuptools>=64", "wheel"]))
+PY
+)
+    mkdir -p "$CACHE/wheels-$pyver"
+    # shellcheck disable=SC2086
+    python3 -m pip download -q --disable-pip-version-check -d "$CACHE/wheels-$pyver" --only-binary=:all: \
+        --python-version "$pyver" --platform any --platform manylinux2014_x86_64 --platform manylinux_2_28_x86_64 \
+        $(echo "$reqs" | tr '\n' ' ') \
+        > "$CACHE/wheels.log" 2>&1 || { tail -5 "$CACHE/wheels.log" >&2; die "fetching wheels failed"; }
+}
+
+prepare() {
+    local suite=$1 root=$CACHE/$1
+    command -v debootstrap >/dev/null || bash "$REPO/cluster/deps.sh" apt
+    if [ ! -e "$root/.sattr-debootstrap" ]; then
+        log "$suite: debootstrap from $MIRROR"
+        rm -rf "$root.tmp"; mkdir -p "$CACHE"
+        debootstrap --variant=minbase --include=ca-certificates "$suite" "$root.tmp" "$MIRROR" \
+            > "$CACHE/debootstrap-$suite.log" 2>&1 || { tail -5 "$CACHE/debootstrap-$suite.log" >&2; die "$suite: debootstrap failed"; }
+        rm -rf "$root"; mv "$root.tmp" "$root"
+        # sid's Release file may be past its Valid-Until; the archives are still signed.
+        printf 'Acquire::Check-Valid-Until "false";\nAPT::Install-Recommends "false";\n' > "$root/etc/apt/apt.conf.d/99sattr"
+        printf '#!/bin/sh\nexit 101\n' > "$root/usr/sbin/policy-rc.d"; chmod 755 "$root/usr/sbin/policy-rc.d"
+        touch "$root/.sattr-debootstrap"
+    fi
+    copy_source "$root"
+    mount_root "$root" "$suite"
+    local rc=0
+    (
+        # The project's own lists: what the cluster needs, then the hooks' venv (+ pytest).
+        day=$(date +%Y%m%d)
+        if [ "$(cat "$root/.sattr-apt-day" 2>/dev/null)" != "$day" ] || ! chroot "$root" bash /src/cluster/deps.sh cluster-apt >/dev/null 2>&1; then
+            chroot "$root" env DEBIAN_FRONTEND=noninteractive bash -c 'apt-get update -qq && bash /src/cluster/deps.sh cluster-apt' \
+                > "$CACHE/apt-$suite.log" 2>&1 || { tail -20 "$CACHE/apt-$suite.log" >&2; die "$suite: apt failed"; }
+            echo "$day" > "$root/.sattr-apt-day"
+        fi
+        # The root's pip installs from wheels this machine's pip fetched (the roots' Python 3.13+
+        # verifies TLS more strictly than some sites' proxies allow): pure Python or abi3 wheels.
+        pyver=$(chroot "$root" python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+        fetch_wheels "$pyver"
+        mkdir -p "$root/wheels"; mount --bind "$CACHE/wheels-$pyver" "$root/wheels"
+        chroot "$root" env PIP_NO_INDEX=1 PIP_FIND_LINKS=/wheels bash -c "cd /src && bash cluster/testcluster.sh venv && { $CBASE/venv/bin/python -c 'import pytest' 2>/dev/null \
+            || $CBASE/venv/bin/python -m pip install -q --disable-pip-version-check pytest; }" > "$CACHE/venv-$suite.log" 2>&1 \
+            || { tail -20 "$CACHE/venv-$suite.log" >&2; die "$suite: venv failed"; }
+    ) || rc=$?
+    umount "$root/wheels" 2>/dev/null || true
+    unmount_root "$root"
+    [ $rc = 0 ] || exit $rc
+    log "$suite: root ready ($(chroot "$root" slurmd -V))"
+}
+
+run() {
+    local suite=$1 root=$CACHE/$1 i ns
+    i=$(suite_index "$suite"); ns=sattr-$suite
+    [ -e "$root/.sattr-debootstrap" ] || die "$suite: no root; run: $0 prepare $suite"
+    ip netns del "$ns" 2>/dev/null || true
+    ip netns add "$ns"
+    ip link del "sattrv$i" 2>/dev/null || true
+    ip link add "sattrv$i" type veth peer name eth0 netns "$ns"
+    ip netns exec "$ns" sh -c "ip link set lo up && ip addr add 10.252.$i.2/30 dev eth0 && ip link set eth0 up"
+    # The tests as they run on 22.05, minus the ones that need torch in the root.
+    local inner="set -e; cd /src
+        make -s -C spank all test
+        bash cluster/testcluster.sh up
+        SATTR_DEMO_FR=0 bash cluster/demo.sh
+        # Not the last command of the script (bash would exec it): PID 1 stays this bash, which
+        # reaps the daemons the tests stop.
+        $CBASE/venv/bin/python -m pytest tests/integration -m 'cluster and not torch' -q -ra -p no:cacheprovider || exit \$?"
+    local rc=0
+    # nsenter keeps this mount namespace's /sys (ip netns exec would remount it without cgroups).
+    nsenter --net="/run/netns/$ns" unshare --pid --fork --mount --uts --ipc --propagation private -- \
+        bash -c '
+            root=$1; hostname "sattr-$2"
+            # The root is a mount point of its own, so `unshare -m` inside it (each pretend
+            # node has its own mount namespace) can set propagation on "/".
+            mount --bind "$root" "$root"
+            mount -t proc proc "$root/proc"
+            mount --rbind /dev "$root/dev"
+            mount --rbind /sys "$root/sys"
+            mount -t tmpfs -o mode=755 tmpfs "$root/run"
+            mount -t tmpfs -o mode=1777 tmpfs "$root/tmp"
+            exec chroot "$root" /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+                HOME=/root LANG=C.UTF-8 /bin/bash -c "$3"' sh "$root" "$suite" "$inner" || rc=$?
+    ip netns del "$ns" 2>/dev/null || true
+    ip link del "sattrv$i" 2>/dev/null || true
+    return $rc
+}
+
+all() {
+    local suites=("$@") s pids=() rc=0 t0
+    [ ${#suites[@]} -gt 0 ] || suites=("${DEFAULT_SUITES[@]}")
+    for s in "${suites[@]}"; do prepare "$s"; done
+    mkdir -p "$CACHE/logs"
+    for s in "${suites[@]}"; do
+        t0=$(date +%s)
+        ( run "$s" > "$CACHE/logs/$s.log" 2>&1; r=$?; echo "$r $(( $(date +%s) - t0 ))" > "$CACHE/logs/$s.rc" ) &
+        pids+=($!)
+    done
+    wait "${pids[@]}" || true
+    for s in "${suites[@]}"; do
+        local r secs; read -r r secs < "$CACHE/logs/$s.rc"
+        echo "== $s ($(chroot "$CACHE/$s" slurmd -V)): exit $r in ${secs}s; log $CACHE/logs/$s.log"
+        grep -E '^(FAILED|ERROR)|[0-9]+ (passed|failed)' "$CACHE/logs/$s.log" | tail -15 || true
+        [ "$r" = 0 ] || { rc=1; tail -40 "$CACHE/logs/$s.log"; }
+    done
+    return $rc
+}
+
+[ "$(id -u)" = 0 ] || die "needs root (debootstrap, namespaces)"
+case ${1:-} in
+    prepare) prepare "$2" ;;
+    run) run "$2" ;;
+    *) all "$@" ;;
+esac

@@ -1,0 +1,98 @@
+"""Commands for the durable intake and the spool: retry, gc (and the pending lines others show).
+
+A timer runs `sattr retry` (README: "Nothing lost"), so a job whose analysis failed for a
+passing reason (database locked, accounting down, a timeout) gets its verdict without a person.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from .. import gc as gc_mod
+from .. import intake
+from . import main
+from .options import echo_json, handle_errors, json_option, load_config
+
+
+def pending_line(cfg: Any, job_id: str) -> str | None:
+    """``pending since ..., last error ...`` for a job, or None (not pending, or not readable to the caller)."""
+    try:
+        doc = intake.for_job(cfg, job_id)
+    except OSError:
+        return None
+    return intake.describe(doc) if doc else None
+
+
+@main.command()
+@click.option("--all", "everything", is_flag=True, help="Every pending job now, ignoring its backoff.")
+@click.option("--limit", default=1000, show_default=True, help="At most this many jobs in this run.")
+@json_option
+@click.pass_context
+@handle_errors
+def retry(ctx: click.Context, everything: bool, limit: int, as_json: bool) -> None:
+    """Analyse pending jobs again (those whose backoff has passed), then prune the spool.
+
+    Each job gets one attempt; a failure stays pending with its error and a longer
+    backoff. Meant for a timer (README: cron or systemd timer, every minute). Admins only.
+
+    Example:
+
+        sattr retry --all
+    """
+    from .. import reconcile, retry as retry_mod
+    from ..slurm import from_config
+    from .ops import _require_admin
+
+    cfg = load_config(ctx)
+    _require_admin(cfg, "retry")
+    slurm = from_config(cfg, timeout=10)
+    out = retry_mod.retry_due(cfg, slurm=slurm, limit=limit, everything=everything)
+    added = 0
+    try:
+        from ..store import Store
+
+        added = reconcile.reconcile_all(Store(cfg.paths.database), slurm)
+    except Exception as err:  # noqa: BLE001 - the store may be locked right now; the next run does it
+        click.echo(f"(drains not reconciled from Slurm: {err})", err=True)
+    gc_mod.maybe_collect(cfg)
+    left = intake.entries(cfg)
+    if as_json:
+        echo_json({"attempted": out, "reconciled_drains": added, "pending": len(left)})
+        return
+    for key, outcome in sorted(out.items()):
+        click.echo(f"{key}\t{outcome}")
+    click.echo(f"{len(out)} attempted, {len(left)} still pending, {added} drains reconciled from Slurm", err=True)
+
+
+@main.command()
+@click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
+@json_option
+@click.pass_context
+@handle_errors
+def gc(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
+    """Prune old bundles from the spool ([spool] keep_days, max_bytes); never a pending job's.
+
+    Admins only.
+
+    Example:
+
+        sattr gc --dry-run
+    """
+    from .ops import _require_admin
+
+    cfg = load_config(ctx)
+    _require_admin(cfg, "gc")
+    res = gc_mod.collect(cfg, dry_run=dry_run)
+    if as_json:
+        echo_json({"removed": res.removed, "kept_pending": res.kept_pending, "bytes_before": res.bytes_before,
+                   "bytes_after": res.bytes_after, "errors": res.errors, "dry_run": dry_run})
+        return
+    verb = "would remove" if dry_run else "removed"
+    for r in res.removed:
+        click.echo(f"{verb} {r['key']} ({r['bytes']} bytes, {r['why']})")
+    for k in res.kept_pending:
+        click.echo(f"kept {k}: its job is pending", err=True)
+    for e in res.errors:
+        click.echo(f"error: {e}", err=True)
+    click.echo(f"spool bundles: {res.bytes_before} -> {res.bytes_after} bytes", err=True)

@@ -1,0 +1,99 @@
+"""Which attempt of the job a symptom belongs to (issue 12 item 4) and stale evidence (issue 10):
+also kernel lines the node ledger says an earlier job already owns (``fields['attributed_to']``).
+
+A requeued job (``restart_count > 0``) appends its new output to the old file and keeps its id:
+the bundle of attempt 2 can hold attempt 1's node failure. The verdict judges this attempt's
+evidence; earlier lines are context. An old log pasted into the output is the same case with no
+requeue. A line belongs to an earlier attempt when its own time is before this attempt started
+(``start_time``, give or take a slack), or when it sits above such a line in the same file.
+Without any time, a requeued job's node-failure lines are taken as the earlier attempt's when
+Slurm does not record this attempt as NODE_FAIL (that is what the requeue was for).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional, Sequence
+
+from ..model import Symptom
+from .timeline import Clock, clock_of, first_line, parse_iso, symptom_time
+
+UNTRUSTED_SLACK_S = 120.0
+TRUSTED_SLACK_S = 300.0  # dmesg -T converts uptime with the boot time: it drifts
+
+
+def restart_count(job: Mapping[str, Any]) -> int:
+    try:
+        return max(0, int(job.get("restart_count") or 0))
+    except (TypeError, ValueError):
+        return 0
+
+
+def mark_earlier(syms: Sequence[Symptom], job: Mapping[str, Any], clock: Optional[Clock] = None) -> list[Symptom]:
+    """Set ``fields['earlier']`` (why) on symptoms from before this attempt; return them."""
+    clock = clock or clock_of(job)
+    start = parse_iso(job.get("start_time"), clock)
+    restarts = restart_count(job)
+    what = "an earlier attempt of this requeued job" if restarts else "before the job started"
+    stale: list[Symptom] = []
+    seen: set[int] = set()
+    last_stale_line: dict[str, int] = {}
+    if start is not None:
+        for s in syms:
+            if s.id.startswith("job."):
+                continue  # facts about this attempt from job.json
+            t = symptom_time(s, clock)
+            if t is None:
+                continue
+            if t < start - (TRUSTED_SLACK_S if s.trusted else UNTRUSTED_SLACK_S):
+                stale.append(s)
+                seen.add(id(s))
+                path, line = first_line(s)
+                if path and not s.trusted:
+                    last_stale_line[path] = max(line, last_stale_line.get(path, 0))
+        for s in syms:
+            if id(s) in seen or s.trusted or s.id.startswith("job."):
+                continue
+            path, line = first_line(s)
+            if path in last_stale_line and line < last_stale_line[path] and symptom_time(s, clock) is None:
+                stale.append(s)
+                seen.add(id(s))
+    if restarts and str(job.get("state") or "").upper() != "NODE_FAIL":
+        for s in syms:
+            if s.cause == "node_failure" and not s.id.startswith("job.") and id(s) not in seen and symptom_time(s, clock) is None:
+                stale.append(s)
+                seen.add(id(s))
+    for s in syms:
+        if s.fields.get("attributed_to") and id(s) not in seen:
+            stale.append(s)  # the node ledger: an earlier job's verdict or drain already used this line
+            seen.add(id(s))
+    for s in stale:
+        s.fields["earlier"] = (f"already attributed to job {s.fields['attributed_to']}" if s.fields.get("attributed_to")
+                               else what)
+        if s.role in ("root", "confirmation"):
+            s.role = "context"
+        s.action = "none"  # a line that an earlier attempt (or job) already had is no reason to drain now
+    return stale
+
+
+AFTER_END_SLACK_S = 30.0  # kernel clocks (dmesg -T) drift; a line this far past the end is past it
+
+
+def mark_after_end(syms: Sequence[Symptom], job: Mapping[str, Any], clock: Optional[Clock] = None) -> list[Symptom]:
+    """Set ``fields['after_end']`` on symptoms timed after the job ended (issue 12 item 7).
+
+    What happened after the job's end cannot be what ended it: such a line is never the root.
+    A fatal hardware line keeps its action, so the drain policy still takes the node out."""
+    clock = clock or clock_of(job)
+    end = parse_iso(job.get("end_time"), clock)
+    if end is None:
+        return []
+    late = []
+    for s in syms:
+        if s.id.startswith("job.") or s.fields.get("earlier"):
+            continue
+        t = symptom_time(s, clock)
+        if t is not None and t > end + AFTER_END_SLACK_S:
+            s.fields["after_end"] = True
+            if s.role in ("root", "confirmation"):
+                s.role = "context"
+            late.append(s)
+    return late

@@ -1,0 +1,196 @@
+"""Run the analysis of pending jobs until their verdict is stored: the detached analyser,
+the next hook run, ``sattr retry`` and its timer all come through here.
+
+Outcomes of one attempt:
+
+- stored: verdict and comment (queued) in the store -> the pending entry is removed;
+- "database is locked" (another writer) or a store that cannot be opened -> retried in
+  this process with backoff for ``[intake] retry_for_s``, then left pending;
+- the job's state unknown only for want of accounting -> left pending (nothing stored), re-analysed
+  once accounting answers;
+- the analysis timed out (``[analysis] timeout_s``) or crashed -> a partial verdict from the job's
+  state and the trusted kernel findings is stored with a coverage entry naming the failure,
+  and the entry stays pending so a later retry may replace it.
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import sqlite3
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+from . import intake, spool
+from .config import Config
+from .errors import StoreError
+
+log = logging.getLogger("slurm_attr")
+
+PARTIAL_TIMEOUT_S = 30.0
+
+
+class AnalysisTimeout(BaseException):
+    """The analysis ran past [analysis] timeout_s. A BaseException so that the analysers'
+    own ``except Exception`` (one broken analyser costs only its coverage) cannot swallow it."""
+
+
+def _on_alarm(signum: int, frame: object) -> None:
+    raise AnalysisTimeout("analysis exceeded [analysis] timeout_s")
+
+
+@contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """SIGALRM after ``seconds`` (fractions allowed); main thread only."""
+    old = signal.signal(signal.SIGALRM, _on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, max(0.001, float(seconds)))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def transient(err: BaseException) -> bool:
+    """Worth retrying soon: the verdict database busy or not openable right now."""
+    from .store import is_locked
+
+    return isinstance(err, StoreError) or (isinstance(err, sqlite3.OperationalError) and is_locked(err)) or \
+        is_locked(err)
+
+
+def _default_slurm(cfg: Config) -> Any:
+    from .slurm import from_config
+
+    return from_config(cfg, timeout=10)
+
+
+def _default_store(cfg: Config) -> Any:
+    from .store import Store
+
+    return Store(cfg.paths.database)
+
+
+def process(cfg: Config, key: str, slurm: Any = None, open_store: Callable[[Config], Any] | None = None,
+            retry_for_s: float | None = None, sleep: Callable[[float], None] = time.sleep) -> str:
+    """One pending job through to a stored verdict; returns stored|pending|partial|busy|gone."""
+    from .postmortem import AccountingPending, finish_job, read_job_json
+
+    open_store = open_store or _default_store
+    slurm = slurm if slurm is not None else _default_slurm(cfg)
+    retry_for_s = cfg.intake.retry_for_s if retry_for_s is None else retry_for_s
+    bdir = spool.bundle_dir(cfg.paths.spool, key)
+    with intake.claim(cfg, key) as mine:
+        if not mine:
+            return "busy"
+        entry = intake.load(cfg, key)
+        if entry is None:
+            # Started without an intake record (it could not be written, or an older hook):
+            # record it now so a failure below is not lost.
+            facts = read_job_json(bdir)
+            if not facts:
+                return "gone"
+            try:
+                entry = intake.record(cfg, key, facts)
+            except OSError as err:
+                log.error("job %s: cannot record it as pending (%s)", key, err)
+                entry = {"job": facts}
+        facts = entry.get("job") or {}
+        give_up_at = time.monotonic() + retry_for_s
+        while True:
+            store = None
+            progress: dict[str, Any] = {}
+            try:
+                try:
+                    with time_limit(cfg.analysis.timeout_s):
+                        store = open_store(cfg)
+                        finish_job(cfg, slurm, store, bdir, job_facts=facts, notes=_earlier_failures(cfg, key),
+                                   progress=progress)
+                except BaseException as err:
+                    if not progress.get("stored") or isinstance(err, (KeyboardInterrupt, SystemExit)):
+                        raise
+                    # The verdict is in; what failed after it (the comment) has its own queue.
+                    log.warning("job %s: verdict stored; a later step failed (%s: %s)", key, type(err).__name__, err)
+                intake.done(cfg, key)
+                return "stored"
+            except AccountingPending as err:
+                log.warning("job %s: %s; left pending", key, err)
+                intake.failed(cfg, key, str(err))
+                return "pending"
+            except AnalysisTimeout:
+                return _partial(cfg, key, facts, bdir, store, open_store,
+                                f"analysis timed out after {cfg.analysis.timeout_s:g}s", slurm)
+            except Exception as err:  # noqa: BLE001 - every failure ends in a stored or pending state
+                if transient(err):
+                    doc = intake.failed(cfg, key, f"{type(err).__name__}: {err}")
+                    wait = intake.backoff(int((doc or {}).get("attempts") or 1), cfg.intake.backoff_max_s)
+                    if doc is None or time.monotonic() + wait > give_up_at:
+                        log.warning("job %s: %s; left pending for the next run", key, err)
+                        return "pending"
+                    log.info("job %s: %s; retrying in %.0fs", key, err, wait)
+                    sleep(wait)
+                    continue
+                log.exception("job %s: analysis failed", key)
+                return _partial(cfg, key, facts, bdir, store, open_store,
+                                f"analysis crashed: {type(err).__name__}: {err}", slurm)
+
+
+def _earlier_failures(cfg: Config, key: str) -> list[Any]:
+    """A coverage entry naming what delayed this verdict (the fault it was stored through)."""
+    from .model import Coverage
+
+    doc = intake.load(cfg, key) or {}
+    out = []
+    if str(doc.get("note") or "").startswith("spool:"):  # the controller could not write its part
+        out.append(Coverage(source="spool", status="error", detail=str(doc["note"])[:300]))
+    n = int(doc.get("attempts") or 0)
+    if n:
+        out.append(Coverage(source="intake", status="error",
+                            detail=f"stored after {n} failed attempt(s); last error: {doc.get('last_error') or '?'}"[:300]))
+    return out
+
+
+def _partial(cfg: Config, key: str, facts: dict[str, Any], bdir: str, store: Any,
+             open_store: Callable[[Config], Any], failure: str, slurm: Any) -> str:
+    """Store what is known (job state + trusted kernel findings) rather than nothing."""
+    from . import comment
+    from .postmortem import partial_verdict, read_job_json
+
+    from .postmortem import _settle_state
+
+    try:
+        with time_limit(min(PARTIAL_TIMEOUT_S, max(5.0, cfg.analysis.timeout_s))):
+            job = read_job_json(bdir) or dict(facts)
+            if job.get("state_source") not in ("sacct", "scontrol"):
+                # One question to accounting (or slurmctld): a finished job's state is cheap to learn.
+                job, _err = _settle_state(slurm, job, time.monotonic())
+            v = partial_verdict(cfg, job, bdir, failure)
+            if v.cause == "unknown" and not job.get("state"):
+                raise RuntimeError("job state unknown: not stored as `unknown`")
+            store = store if store is not None else open_store(cfg)
+            store.save(job, v, bundle_path=bdir, analysis_ms=0.0)
+            if cfg.comment.enabled:
+                store.queue_comment(v.job_id, str(job.get("slurm_job_id") or v.job_id), cfg.comment.field,
+                                    comment.verdict_text(v, cfg.comment.max_len))
+    except BaseException as err:  # noqa: BLE001 - then the entry stays pending with both errors
+        log.error("job %s: %s; the partial verdict failed too: %s", key, failure, err)
+        intake.failed(cfg, key, f"{failure}; partial verdict failed: {type(err).__name__}: {err}")
+        return "pending"
+    log.warning("job %s: %s; stored a partial verdict (%s)", key, failure, v.cause)
+    intake.failed(cfg, key, failure, partial=True)
+    return "partial"
+
+
+def retry_due(cfg: Config, slurm: Any = None, limit: int = 20, everything: bool = False,
+              exclude: str = "", open_store: Callable[[Config], Any] | None = None) -> dict[str, str]:
+    """One attempt for each pending job whose backoff has passed (or every one): {key: outcome}."""
+    todo = intake.entries(cfg) if everything else intake.due(cfg)
+    out: dict[str, str] = {}
+    for doc in todo:
+        if len(out) >= limit:
+            break
+        if doc["key"] == exclude:
+            continue
+        slurm = slurm if slurm is not None else _default_slurm(cfg)
+        out[doc["key"]] = process(cfg, doc["key"], slurm=slurm, open_store=open_store, retry_for_s=0)
+    return out

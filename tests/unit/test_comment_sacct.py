@@ -1,0 +1,69 @@
+"""Reading job comments from `sacct -P` whole: multi-line, '|' and look-alike delimiters inside."""
+from __future__ import annotations
+
+import re
+
+from slurm_attr.slurm.cli import CliSlurm, parse_delimited_comments
+
+D = "^a1b2c3d4e5f6^"
+
+
+def test_multi_line_comment_with_pipes_is_kept_whole():
+    text = f"41{D}line one | two\nthree\n42 and 41\n{D}41\n"
+    assert parse_delimited_comments(text, D) == {"41": "line one | two\nthree\n42 and 41\n"}
+
+
+def test_several_records_and_an_empty_comment():
+    text = f"41{D}a\nb{D}41\n42{D}{D}42\n43{D}SATTR1: none - ok{D}43\n"
+    assert parse_delimited_comments(text, D) == {"41": "a\nb", "42": "", "43": "SATTR1: none - ok"}
+
+
+def test_a_comment_that_imitates_the_record_end_with_another_delimiter_is_text():
+    # The user cannot know the per-call delimiter; a guessed one ('|', an old one) is plain text.
+    text = f"41{D}x|41\n42|forged{D}41\n"
+    assert parse_delimited_comments(text, D) == {"41": "x|41\n42|forged"}
+
+
+def test_unterminated_record_is_not_guessed():
+    # Near miss: output cut before `<d>ID` (e.g. a truncated pipe) yields nothing for that job.
+    assert parse_delimited_comments(f"41{D}partial comment", D) == {}
+    assert parse_delimited_comments("", D) == {}
+
+
+class RecordingCli(CliSlurm):
+    def __init__(self, reply):
+        super().__init__()
+        self.reply = reply
+        self.calls = []
+
+    def run(self, tool, *args):
+        self.calls.append((tool, args))
+        delim = next(a.split("=", 1)[1] for a in args if a.startswith("--delimiter="))
+        return self.reply(delim)
+
+
+def test_job_comment_asks_for_id_comment_id_with_a_fresh_delimiter():
+    cli = RecordingCli(lambda d: f"77{d}my note\nsecond line; SATTR1: none - ok{d}77\n")
+    assert cli.job_comment("77", "Comment") == "my note\nsecond line; SATTR1: none - ok"
+    assert cli.job_comment("77", "AdminComment") is not None
+    (tool, a1), (_t, a2) = cli.calls
+    assert tool == "sacct" and "-X" in a1 and "-P" in a1 and a1[a1.index("-o") + 1] == "JobIDRaw,Comment,JobIDRaw"
+    d1 = next(a for a in a1 if a.startswith("--delimiter="))
+    d2 = next(a for a in a2 if a.startswith("--delimiter="))
+    assert d1 != d2 and re.fullmatch(r"--delimiter=\^[0-9a-f]{12}\^", d1)
+
+
+def test_job_not_in_accounting_is_none():
+    cli = RecordingCli(lambda d: "")
+    assert cli.job_comment("78", "Comment") is None
+
+
+def test_array_task_asked_as_a_t_maps_to_its_raw_record():
+    cli = RecordingCli(lambda d: f"1234{d}task note{d}1234\n")
+    assert cli.job_comments(["1200_3"], "Comment") == {"1200_3": "task note"}
+
+
+def test_batch_keeps_only_the_asked_ids():
+    cli = RecordingCli(lambda d: f"5{d}a{d}5\n6{d}b{d}6\n99{d}c{d}99\n")
+    assert cli.job_comments(["5", "6", "7"], "Comment") == {"5": "a", "6": "b", "7": None}
+    assert cli.calls[0][1][cli.calls[0][1].index("-j") + 1] == "5,6,7"

@@ -9,7 +9,7 @@ PREFIX ?= /usr
 LIBEXEC ?= $(PREFIX)/libexec/slurm-attr
 PYTEST_ARGS ?= -ra
 
-.PHONY: all deps deps-apt spank install uninstall test test-native test-unit test-integration test-versions demo \
+.PHONY: all deps deps-apt spank install uninstall test test-native test-unit test-integration test-versions check-fresh demo \
 	cluster-up cluster-down bench bench-cluster docs clean
 
 all: spank
@@ -40,11 +40,11 @@ install:
 	ln -sf $(SITE_VENV)/bin/sattr $(DESTDIR)$(PREFIX)/local/bin/sattr
 	$(MAKE) -C spank install
 	install -d $(DESTDIR)$(LIBEXEC)
-	install -m 0755 epilog/epilog.sh epilog/epilog_slurmctld.sh $(DESTDIR)$(LIBEXEC)/
+	install -m 0755 epilog/epilog.sh epilog/epilog_slurmctld.sh epilog/live_watch.sh $(DESTDIR)$(LIBEXEC)/
 
 uninstall:
 	rm -rf $(DESTDIR)$(SITE_VENV) $(DESTDIR)$(PREFIX)/local/bin/sattr
-	rm -f $(DESTDIR)$(LIBEXEC)/epilog.sh $(DESTDIR)$(LIBEXEC)/epilog_slurmctld.sh $(DESTDIR)$(LIBEXEC)/sattr-comment
+	rm -f $(DESTDIR)$(LIBEXEC)/epilog.sh $(DESTDIR)$(LIBEXEC)/epilog_slurmctld.sh $(DESTDIR)$(LIBEXEC)/live_watch.sh $(DESTDIR)$(LIBEXEC)/sattr-comment
 	rm -f $(DESTDIR)/usr/lib/x86_64-linux-gnu/slurm-wlm/slurm_attr.so $(DESTDIR)/usr/lib/slurm-attr/libnccl-profiler-sattr.so
 
 # Each stage runs even when an earlier one failed, so one run reports everything; the
@@ -71,6 +71,10 @@ test-integration: deps spank
 # (cluster/versions.sh; the roots are cached in /var/cache/sattr-versions).
 test-versions: deps-apt
 	bash cluster/versions.sh
+
+# The README's commands on a plain Debian 12 root made by debootstrap (minutes; not in `test`).
+check-fresh: deps-apt
+	bash cluster/fresh.sh
 
 cluster-up: deps spank
 	bash cluster/testcluster.sh up

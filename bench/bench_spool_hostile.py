@@ -1,6 +1,7 @@
 """Spool bytes one hostile job makes root write (issue 11): sparse 2 GiB FR dumps, 1 GiB probe and
-NCCL files. The node collector of this checkout against its peer, the collector as committed at
-HEAD (`git show HEAD:slurm_attr/collect/node.py`), on the same evidence dir in the same run.
+NCCL files. The node collector of this checkout against its peer, the collector as it was
+before issue 11 (commit 3386f2a, `git show 3386f2a:slurm_attr/collect/node.py`; another with
+SATTR_BENCH_PEER=REV), on the same evidence dir in the same run.
 
     python bench/bench_spool_hostile.py
 """
@@ -21,8 +22,11 @@ from slurm_attr.collect import node as node_now  # noqa: E402
 from slurm_attr.config import Config  # noqa: E402
 
 
+PEER = os.environ.get("SATTR_BENCH_PEER", "3386f2a")
+
+
 def head_module():
-    src = subprocess.run(["git", "-C", REPO, "show", "HEAD:slurm_attr/collect/node.py"], capture_output=True,
+    src = subprocess.run(["git", "-C", REPO, "show", f"{PEER}:slurm_attr/collect/node.py"], capture_output=True,
                          text=True, check=True).stdout
     d = tempfile.mkdtemp(prefix="sattr-bench-")
     path = os.path.join(d, "node_head.py")
@@ -79,9 +83,9 @@ def main() -> None:
         shutil.rmtree(base, ignore_errors=True)
         shutil.rmtree(tmpd, ignore_errors=True)
     mib = 1 << 20
-    print(f"hostile job, one node: HEAD collector wrote {before / mib:.1f} MiB in {t_before:.2f}s; "
+    print(f"hostile job, one node: the collector at {PEER} wrote {before / mib:.1f} MiB in {t_before:.2f}s; "
           f"this checkout {after / mib:.3f} MiB in {t_after:.2f}s "
-          f"(ratio {after / before if before else 0:.5f} of HEAD's bytes)")
+          f"(ratio {after / before if before else 0:.5f} of its bytes)")
 
 
 if __name__ == "__main__":

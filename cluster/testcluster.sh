@@ -82,6 +82,21 @@ install_venv() {
     chmod -R a+rX "$VENV"
 }
 
+install_pyslurm() {
+    # The pyslurm wheel matching this Slurm, into the hooks' venv and the checkout's .venv (the
+    # contract tests run there): built once per machine and cached (cluster/pyslurm.sh). Never
+    # fatal: without it the hooks use the CLI backend, and tests/integration/test_slurm_backends.py
+    # fails loudly where a release line exists but the wheel is missing.
+    local pys=("$PY") rc=0
+    [ -x "$REPO/.venv/bin/python" ] && pys+=("$REPO/.venv/bin/python")
+    bash "$REPO/cluster/pyslurm.sh" install "${pys[@]}" 9>&- >&2 || rc=$?
+    case $rc in
+        0) ;;
+        3) log "pyslurm: no release line for this Slurm; the CLI backend is used" ;;
+        *) log "pyslurm: build or install failed (exit $rc); the CLI backend is used" ;;
+    esac
+}
+
 ensure_users() {
     # Two ordinary users: jobs run as them in the tests (privacy, ownership).
     local u
@@ -378,6 +393,7 @@ up() {
     ensure_users
     mkdir -p "$BASE"; chmod 755 "$BASE"
     install_venv
+    install_pyslurm
     mkdir -p "$BASE/run" "$BASE/log"
     make -s -C "$REPO/spank" all >&2 || die "building the SPANK plugin failed"
     # Installed like `make install` would: a root-owned, world-readable place (the probe is

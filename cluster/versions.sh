@@ -149,7 +149,7 @@ all() {
     mkdir -p "$CACHE/logs"
     for s in "${suites[@]}"; do
         t0=$(date +%s)
-        ( run "$s" > "$CACHE/logs/$s.log" 2>&1; r=$?; echo "$r $(( $(date +%s) - t0 ))" > "$CACHE/logs/$s.rc" ) &
+        ( r=0; run "$s" > "$CACHE/logs/$s.log" 2>&1 || r=$?; echo "$r $(( $(date +%s) - t0 ))" > "$CACHE/logs/$s.rc" ) &
         pids+=($!)
     done
     wait "${pids[@]}" || true

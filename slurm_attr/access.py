@@ -108,7 +108,7 @@ def _from_user_copy(cfg: Config, job_id: str, uid: int, name: str, admin: bool) 
 
 
 def _check_in_accounting(cfg: Config, job_id: str, name: str, admin: bool) -> None:
-    slurm = default_backend(cfg.paths.slurm_bin, cfg.paths.slurm_conf)
+    slurm = default_backend(cfg.paths.slurm_bin, cfg.paths.slurm_conf, backend=cfg.slurm.backend)
     row = None
     for attempt in range(_SETTLE_TRIES):
         try:

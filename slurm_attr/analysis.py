@@ -20,7 +20,8 @@ Analyser = Callable[[Bundle, Config], "tuple[list[Symptom], list[Coverage]]"]
 
 
 # (coverage source name, module): each module exposes analyze(bundle, cfg).
-ANALYSERS = (("rules", "slurm_attr.rules"), ("fr", "slurm_attr.flightrec"), ("probe", "slurm_attr.probe"))
+ANALYSERS = (("rules", "slurm_attr.rules"), ("fr", "slurm_attr.flightrec"), ("probe", "slurm_attr.probe"),
+             ("live", "slurm_attr.live"))
 
 
 def _analysers() -> list[tuple[str, Analyser]]:

@@ -143,6 +143,25 @@ class Access:
 
 
 @dataclass
+class Live:
+    # Watch running jobs for hangs (slurm_attr/live/; started by the plugin's live_watcher=).
+    enabled: bool = True
+    # A communicator with a collective under way and no rank progressing this long is a hang;
+    # raised to 4x the longest stall this job has recovered from (slow collectives).
+    hang_after_s: float = 60.0
+    # How often each node's watcher reads its ranks' probe records.
+    interval_s: float = 1.0
+
+
+@dataclass
+class Slurm:
+    # How slurm-attr talks to Slurm: "auto" uses pyslurm when it is installed and its release
+    # line matches the running Slurm (slurm/select.py), else the CLI tools; "cli" or "pyslurm"
+    # forces one (a forced pyslurm that cannot be used is an error, not a silent CLI).
+    backend: str = "auto"
+
+
+@dataclass
 class Config:
     paths: Paths = field(default_factory=Paths)
     collect: Collect = field(default_factory=Collect)
@@ -152,6 +171,8 @@ class Config:
     access: Access = field(default_factory=Access)
     spool: Spool = field(default_factory=Spool)
     intake: Intake = field(default_factory=Intake)
+    live: Live = field(default_factory=Live)
+    slurm: Slurm = field(default_factory=Slurm)
     source: str = ""  # the file it was read from, "" for defaults
 
     def to_dict(self) -> dict[str, Any]:
@@ -162,6 +183,7 @@ class Config:
 
 _KERNEL_SOURCES = ("journalctl", "dmesg", "file")
 _COMMENT_FIELDS = ("Comment", "AdminComment")
+_SLURM_BACKENDS = ("auto", "cli", "pyslurm")
 
 
 def _coerce(section: str, key: str, want: type, value: Any) -> Any:
@@ -200,6 +222,8 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("[collect] kernel_file: required when kernel_source = \"file\"")
     if cfg.comment.field not in _COMMENT_FIELDS:
         raise ConfigError(f"[comment] field: must be Comment or AdminComment, got {cfg.comment.field!r}")
+    if cfg.slurm.backend not in _SLURM_BACKENDS:
+        raise ConfigError(f"[slurm] backend: must be one of {', '.join(_SLURM_BACKENDS)}, got {cfg.slurm.backend!r}")
     if cfg.collect.time_budget_s <= 0:
         raise ConfigError("[collect] time_budget_s: must be positive")
     if not 0 <= cfg.drain.max_partition_percent <= 100:
@@ -208,6 +232,8 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("[spool] keep_days and max_bytes must be >= 0")
     if cfg.collect.job_cap_bytes <= 0:
         raise ConfigError("[collect] job_cap_bytes: must be positive")
+    if cfg.live.hang_after_s <= 0 or not 0.05 <= cfg.live.interval_s <= 60:
+        raise ConfigError("[live] hang_after_s must be > 0 and interval_s within 0.05..60")
     if cfg.drain.max_drains < 0 or cfg.drain.window_s <= 0:
         raise ConfigError("[drain] max_drains must be >= 0 and window_s > 0")
 

@@ -55,7 +55,7 @@ def _catalog_api() -> tuple[Callable[..., Any], Callable[..., list[Symptom]]]:
 def _open_slurm(cfg: Config) -> Any:
     from .slurm import default_backend
 
-    return default_backend(cfg.paths.slurm_bin, cfg.paths.slurm_conf, timeout=SLURM_TIMEOUT_S)
+    return default_backend(cfg.paths.slurm_bin, cfg.paths.slurm_conf, timeout=SLURM_TIMEOUT_S, backend=cfg.slurm.backend)
 
 
 def fatal_symptoms(symptoms: list[Symptom], node: str) -> list[Symptom]:

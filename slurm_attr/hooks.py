@@ -141,7 +141,11 @@ def controller_main(env: dict[str, str]) -> int:
     cfg = config_mod.load()
     slurm = from_config(cfg, timeout=10)
     try:
-        job = controller.fetch_job(slurm, job_id)
+        # slurmctld only: accounting has no final state yet while the job is COMPLETING, and a
+        # stopped slurmdbd would hold every EpilogSlurmctld (and so the job) for sacct's timeout.
+        # The analysis settles the state from accounting (or slurmctld) afterwards.
+        rec = slurm.show_job(job_id)
+        job = controller.job_facts(rec) if rec else None
     except SlurmError as err:
         log.error("controller epilog: slurmctld did not answer for job %s (%s); using the hook's environment",
                   job_id, err)

@@ -172,7 +172,8 @@ def finish_job(cfg: Config, slurm: SlurmAccess, store: Store, bundle_dir: str,
     return verdict
 
 
-def partial_verdict(cfg: Config, job: dict[str, Any], bundle_dir: str, failure: str) -> Verdict:
+def partial_verdict(cfg: Config, job: dict[str, Any], bundle_dir: str, failure: str,
+                    extra: list[Any] | None = None) -> Verdict:
     """What is known without the full analysis: the job's state and the trusted kernel findings.
 
     Used when the analysis timed out or crashed. Reads only the nodes' kernel.log (bounded,
@@ -180,7 +181,7 @@ def partial_verdict(cfg: Config, job: dict[str, Any], bundle_dir: str, failure: 
     from . import safefs
     from .verdict import decide
 
-    symptoms = []
+    symptoms = list(extra or [])  # e.g. the fast path's finding from Slurm's reason (reconcile.py)
     cov = [Coverage(source="analysis", status="error", detail=f"partial verdict: {failure}"[:300])]
     try:
         from .rules import build_catalog, extract_lines

@@ -15,6 +15,7 @@ Outcomes of one attempt:
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sqlite3
 import time
@@ -153,7 +154,7 @@ def _earlier_failures(cfg: Config, key: str) -> list[Any]:
 def _partial(cfg: Config, key: str, facts: dict[str, Any], bdir: str, store: Any,
              open_store: Callable[[Config], Any], failure: str, slurm: Any) -> str:
     """Store what is known (job state + trusted kernel findings) rather than nothing."""
-    from . import comment
+    from . import comment, reconcile
     from .postmortem import partial_verdict, read_job_json
 
     from .postmortem import _settle_state
@@ -164,10 +165,18 @@ def _partial(cfg: Config, key: str, facts: dict[str, Any], bdir: str, store: Any
             if job.get("state_source") not in ("sacct", "scontrol"):
                 # One question to accounting (or slurmctld): a finished job's state is cheap to learn.
                 job, _err = _settle_state(slurm, job, time.monotonic())
-            v = partial_verdict(cfg, job, bdir, failure)
+            have_bundle = os.path.isdir(bdir)
+            try:  # the fast path's drain for this job, when the node's kernel lines never reached the spool
+                fast = reconcile.fast_decisions(bdir if have_bundle else "", job, slurm, store)
+                extra = reconcile.reason_symptoms(bdir if have_bundle else "", fast)
+            except Exception as err:  # noqa: BLE001 - then the partial rests on the bundle alone
+                log.warning("job %s: fast path decisions not read: %s", key, err)
+                fast, extra = [], []
+            v = partial_verdict(cfg, job, bdir, failure, extra=extra)
             if v.cause == "unknown" and not job.get("state"):
                 raise RuntimeError("job state unknown: not stored as `unknown`")
             store = store if store is not None else open_store(cfg)
+            reconcile.record_fast(store, v.job_id, fast)
             store.save(job, v, bundle_path=bdir, analysis_ms=0.0)
             if cfg.comment.enabled:
                 store.queue_comment(v.job_id, str(job.get("slurm_job_id") or v.job_id), cfg.comment.field,

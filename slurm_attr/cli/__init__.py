@@ -3,7 +3,7 @@
 Only this package turns core errors into messages and exit codes.
 
 Command modules are imported when a command of theirs runs, not at start: `sattr analyze`
-must not pay for the database, Slurm or Flight Recorder code it does not use (reanalysing
+must not pay for the database, Slurm or other commands' code it does not use (reanalysing
 10,000 stored jobs is 10,000 start-ups). ``COMMANDS`` says which module holds a command;
 a module missing from it (a new one) is still found, because an unknown name, ``--help``
 and completion import every module of this package before answering.
@@ -24,6 +24,7 @@ COMMANDS = {
     "rules": "rules",
     "list": "ops", "nodes": "ops", "drains": "ops", "undrain": "ops", "breaker": "ops", "reanalyze": "ops",
     "retry": "pending", "gc": "pending",
+    "live": "live",
 }
 _NOT_COMMANDS = frozenset({"options"})  # helper modules of this package
 

@@ -47,7 +47,7 @@ def _matrix_dict(m: flightrec.Matrix) -> dict[str, Any]:
 @click.option("--all", "all_groups", is_flag=True, help="Also show process groups without findings.")
 @click.option("--before", default=8, show_default=True, help="Columns shown before the first divergence.")
 @click.option("--after", default=3, show_default=True, help="Columns shown after it.")
-@click.option("--full-history", is_flag=True, help="Compare every entry of every dump (slower on large jobs).")
+@click.option("--full-history", is_flag=True, help="Compare every entry of every dump, with no time budget (slower on large jobs).")
 @json_option
 @click.pass_context
 @handle_errors
@@ -67,7 +67,8 @@ def fr_command(ctx: click.Context, ref: str, all_groups: bool, before: int, afte
     """
     cfg = load_config(ctx)
     path = resolve(ref, cfg)
-    rep = flightrec.inspect(path, cfg, tail_entries=None if full_history else flightrec.loader.DEFAULT_TAIL_ENTRIES)
+    rep = flightrec.inspect(path, cfg, tail_entries=None if full_history else flightrec.loader.DEFAULT_TAIL_ENTRIES,
+                            budget=not full_history)  # asked for every entry: no time budget cuts the read short
     m = build_matrix(rep.dumps, rep.analysis, all_groups=all_groups, before=before, after=after)
     if as_json:
         echo_json({

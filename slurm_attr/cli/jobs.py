@@ -35,7 +35,13 @@ def show(ctx: click.Context, job_id: str, as_json: bool) -> None:
     except NotFound:
         waiting = pending_line(cfg, job_id)  # the durable intake: ended, verdict not stored yet
         if waiting is None:
-            raise
+            from .live import live_lines  # a running job: what its live watcher found so far
+
+            running = live_lines(cfg, job_id)
+            if not running:
+                raise
+            click.echo("\n".join(f"job {job_id}: {line}" for line in running))
+            return
         click.echo(f"job {job_id}: {waiting}")
         return
     if as_json:

@@ -237,7 +237,7 @@ def node_report(store: Store, since: float | None, slurm_nodes: list[dict[str, A
 
 def _slurm_nodes(cfg: Any) -> tuple[list[dict[str, Any]] | None, str | None]:
     try:
-        return default_backend(cfg.paths.slurm_bin, cfg.paths.slurm_conf).nodes(), None
+        return default_backend(cfg.paths.slurm_bin, cfg.paths.slurm_conf, backend=cfg.slurm.backend).nodes(), None
     except SlurmError as err:
         return None, str(err)
 
@@ -369,7 +369,7 @@ def undrain(ctx: click.Context, node_names: tuple[str, ...], reason: str) -> Non
     for n in node_names:
         names.extend(x for x in expand(n) if x not in names)
     store = Store(cfg.paths.database)
-    slurm = default_backend(cfg.paths.slurm_bin, cfg.paths.slurm_conf)
+    slurm = default_backend(cfg.paths.slurm_bin, cfg.paths.slurm_conf, backend=cfg.slurm.backend)
     results = drain.undrain(slurm, store, names, reason.strip(), _actor())
     failed = 0
     for r in results:
@@ -409,7 +409,7 @@ def breaker_status(ctx: click.Context, as_json: bool) -> None:
     _require_admin(cfg, "breaker status")
     store = Store(cfg.paths.database)
     try:
-        slurm = default_backend(cfg.paths.slurm_bin, cfg.paths.slurm_conf)
+        slurm = default_backend(cfg.paths.slurm_bin, cfg.paths.slurm_conf, backend=cfg.slurm.backend)
     except SattrError:
         slurm = None
     st = Breaker(store, cfg.drain).status(slurm)
@@ -499,7 +499,8 @@ def reanalyze(ctx: click.Context, job_ids: tuple[str, ...], since: str | None, a
         todo.append((jid, path, before))
     # Every node part that will ever arrive is there already.
     run_cfg = dataclasses.replace(cfg, analysis=dataclasses.replace(cfg.analysis, node_wait_s=0.0))
-    slurm = default_backend(cfg.paths.slurm_bin, cfg.paths.slurm_conf, timeout=10, comment_tool=cfg.paths.comment_tool)
+    slurm = default_backend(cfg.paths.slurm_bin, cfg.paths.slurm_conf, timeout=10, comment_tool=cfg.paths.comment_tool,
+                            backend=cfg.slurm.backend)
     results = []
 
     def one(item: tuple[str, str, str]) -> None:

@@ -57,6 +57,7 @@ def echo_json(data: Any) -> None:
 
 
 _FLOAT_SPECIAL = {float("inf"): "Infinity", float("-inf"): "-Infinity"}
+_FLAT = frozenset({str, int, float, bool, type(None)})  # exact types: a subclass takes the general path
 
 
 def dumps_indented(data: Any) -> str:
@@ -111,6 +112,9 @@ def _encode(value: Any, out: list[str], nl: str) -> None:
             out.append("{}")
             return
         inner = nl + "  "
+        if all(type(v) in _FLAT for v in value.values()):  # a leaf record (evidence, fields): one join
+            out.append("{" + inner + ("," + inner).join([_key(k) + ": " + _scalar(v) for k, v in value.items()]) + nl + "}")
+            return
         sep = "{" + inner
         for k, v in value.items():
             out.append(sep)

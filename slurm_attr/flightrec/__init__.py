@@ -52,18 +52,21 @@ def _workers() -> int:
 
 
 def inspect(source: Bundle | str, cfg: Config | None = None, tail_entries: int | str | None = DEFAULT_TAIL_ENTRIES,
-            workers: int | None = None, read_stacks: bool = True) -> Report:
+            workers: int | None = None, read_stacks: bool = True, budget: bool = True) -> Report:
     """Load every dump under ``source`` (bundle or directory) and analyse them.
 
     Large dumps are first compared on their newest ``tail_entries`` entries; a
     group whose first divergence sits at the start of that window is re-read
-    with its whole history before anything is concluded.
+    with its whole history before anything is concluded. Dumps not read within
+    the analysis budget are coverage, not findings (``budget=False``: no limit).
     """
     t0 = time.monotonic()
     cfg = cfg or Config()
     cap = cfg.collect.fr_file_cap_bytes
     workers = workers or _workers()
-    deadline = t0 + max(10.0, cfg.analysis.timeout_s * 0.6)
+    # The analysis budget keeps a verdict timely; budget=False (an explicit `sattr fr
+    # --full-history`) reads every dump however long it takes.
+    deadline = t0 + max(10.0, cfg.analysis.timeout_s * 0.6) if budget else None
     ds = load_dumps(source, cap=cap, tail_entries=tail_entries, workers=workers, deadline=deadline)
     an = analyse(ds)
     if an.needs_history:

@@ -285,7 +285,8 @@ def _no_dump(ds: DumpSet, g: Group, absent: tuple[int, ...]) -> list[Finding]:
     If all ranks that did dump entered collective #N of the group and none
     completed it, the member that left no dump is the one they wait for: it
     crashed, was killed, or is stuck outside the collective. Only a minority of
-    missing members is named (when most dumps are missing, FR cannot say who).
+    missing members is named (when half or more are missing, FR cannot say who;
+    a two-member group is the exception: one waits, the other left nothing).
     A group whose dumped members completed their last collective names nobody.
     """
     missing = [r for r in g.members if r not in ds.traces]
@@ -297,8 +298,8 @@ def _no_dump(ds: DumpSet, g: Group, absent: tuple[int, ...]) -> list[Finding]:
         # someone. The job's ranks without a usable dump are then the candidates.
         missing = list(absent)
         inferred = True
-    if not missing or not known or len(missing) > len(known):
-        return []
+    if not missing or not known or (len(missing) >= len(known) and len(g.members) > 2):
+        return []  # half or more of a group without dumps (a node's collection failed): nobody to name
     top = max(g.reach[r] for r in known)
     if top < 0 or any(g.reach[r] != top for r in known):
         return []

@@ -107,7 +107,7 @@ def check(syms: Iterable[Symptom], coverage: Sequence[Coverage], job: Mapping[st
         missing = [n for n in about if not covered.get(n)]
         t = symptom_time(s, clock) if not missing and start is not None and end is not None else None
         in_window = t is None or start is None or end is None or (start - _SLACK_S <= t <= end + _SLACK_S)
-        where = " or ".join(about[:4]) + ("…" if len(about) > 4 else "")
+        where = " or ".join(about[:4]) + (" or another node" if len(about) > 4 else "")  # ASCII: it may reach the Comment
         if missing or not in_window:
             gap = f"no complete kernel log for {', '.join(missing[:4])}" if missing else "outside the kernel log's window"
             _mark(s, "unconfirmed", f"claimed by the job's output, not confirmed: {gap}")

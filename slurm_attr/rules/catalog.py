@@ -36,16 +36,10 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
 from .. import model
 from ..errors import RuleError
 from ..model import ACTION_KINDS, CAUSES, ROLES, domain_of
-from . import speccache
-from . import literals
+from . import literals, speccache
 from .pyrule import DocTable, HistoryRule, JobRule, Refiner
 
 RULEBOOK = "slurm_attr.rulebook"
@@ -304,6 +298,11 @@ def _rule_files(extra_dir: Optional[str]) -> list[tuple[str, bytes]]:
 
 
 def _parse_toml_rules(files: Sequence[tuple[str, bytes]]) -> list[Rule]:
+    # imported here: with the spec cache warm, an analysis parses no TOML at all
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
     rules = []
     for path, raw in files:
         try:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import gc
 import os
-import pickle
 import threading
 from typing import Any, Callable, Sequence, TypeVar
 
@@ -106,6 +105,8 @@ def run(bundle: Any, catalog: Any, tasks: Sequence[T], fn: Callable[[Any, Any, T
         return [fn(bundle, catalog, t) for t in tasks]
     for source in {t[0] for t in tasks}:  # type: ignore[index]
         catalog.index(source)  # built once here, inherited by every helper
+    import pickle  # between our own processes only (see above)
+
     order = sorted(range(len(tasks)), key=lambda i: -sizes[i])
     counter = _Counter()
 

@@ -37,15 +37,17 @@ class SlurmAccess(Protocol):
 
 
 def default_backend(slurm_bin: str, slurm_conf: str, timeout: float = 15.0,
-                    comment_tool: str = "") -> "SlurmAccess":
-    """The CLI backend. pyslurm exists on PyPI only for Slurm 25.11; it is not used
-    unless it imports and reports the same major.minor as the running Slurm."""
-    from .cli import CliSlurm
+                    comment_tool: str = "", backend: str = "auto") -> "SlurmAccess":
+    """The backend ``[slurm] backend`` names (select.py): pyslurm where its release line
+    matches the running Slurm, else the CLI."""
+    from .select import choose
 
-    return CliSlurm(slurm_bin=slurm_bin, slurm_conf=slurm_conf, timeout=timeout, comment_tool=comment_tool)
+    return choose(backend, slurm_bin, slurm_conf, timeout=timeout, comment_tool=comment_tool)[0]  # type: ignore[return-value]
 
 
 def from_config(cfg: "object", timeout: float = 15.0) -> "SlurmAccess":
     """The backend a config describes (paths to the Slurm tools and the comment writer)."""
     paths = cfg.paths  # type: ignore[attr-defined]
-    return default_backend(paths.slurm_bin, paths.slurm_conf, timeout=timeout, comment_tool=paths.comment_tool)
+    slurm = getattr(cfg, "slurm", None)
+    return default_backend(paths.slurm_bin, paths.slurm_conf, timeout=timeout, comment_tool=paths.comment_tool,
+                           backend=getattr(slurm, "backend", "auto"))

@@ -40,6 +40,7 @@ struct sattr_config {
 	unsigned int fr_buffer;             /* fr_buffer=N, 0..SATTR_FR_BUFFER_MAX */
 	char probe_lib[SATTR_PATH_MAX];     /* probe_lib=/abs/lib*.so; "" = probe off */
 	char nccl_debug[8];                 /* nccl_debug=WARN|INFO|off; "" = off */
+	char live_watcher[SATTR_PATH_MAX];  /* live_watcher=/abs/exe; "" = no live watch */
 };
 
 /* ---- args.c: plugstack arguments and value parsing ---- */
@@ -123,5 +124,24 @@ SATTR_HIDDEN int sattr_jobdir_create(const char *evidence_root, const char *job_
  * directory owned by uid or root); 0 with err set if the plugin refused it. */
 SATTR_HIDDEN int sattr_jobdir_usable(const char *evidence_root, const char *job_id, uid_t uid,
 				     char *err, size_t errlen);
+
+/* ---- watchspawn.c: the live watcher's command line and its detached start ---- */
+#define SATTR_WATCH_ARGS 32
+struct sattr_watch_req {
+	const char *exe;      /* cfg->live_watcher */
+	const char *job_id, *step, *nodelist, *jobdir, *config;
+	unsigned int nodeid, nnodes, gid;
+	pid_t stepd_pid;      /* the watcher ends when this process does */
+};
+struct sattr_watch_cmd {
+	char *argv[SATTR_WATCH_ARGS];
+	int argc;
+	char buf[4096];
+	size_t used;
+};
+/* 0 and c filled, or -1 when a value is unsafe as an argument or does not fit. */
+SATTR_HIDDEN int sattr_watch_cmd_build(const struct sattr_watch_req *r, struct sattr_watch_cmd *c);
+/* Double-fork, setsid, fds to /dev/null, clean env, exec. 0 when the exec succeeded. */
+SATTR_HIDDEN int sattr_watch_spawn(const struct sattr_watch_cmd *c, char *err, size_t errlen);
 
 #endif /* SATTR_H */

@@ -119,3 +119,23 @@ def test_file_over_the_cap(gen, tmp_path: Path) -> None:
     assert sorted(rep.dumps.traces) == [0, 1] and all(tr.history_truncated for tr in rep.dumps.traces.values())
     rep = flightrec.inspect(str(tmp_path), cfg, tail_entries=None)
     assert [c.status for c in rep.coverage] == ["truncated", "truncated"]
+
+
+def test_full_history_is_not_cut_by_the_analysis_budget(gen, tmp_path: Path, monkeypatch) -> None:
+    """Under a spent budget the verdict's analysis skips dumps (coverage); `sattr fr --full-history` reads them all."""
+    import time as real_time
+
+    from slurm_attr.flightrec import loader
+
+    class Late:
+        @staticmethod
+        def monotonic() -> float:
+            return real_time.monotonic() + 1e6  # every budget already spent
+
+    _write_set(gen, tmp_path, world=16, fault_rank=2)
+    monkeypatch.setattr(loader, "time", Late)
+    cut = flightrec.inspect(str(tmp_path), tail_entries=None, workers=1)
+    assert cut.dumps.traces == {} and {c.status for c in cut.coverage} == {"truncated"}
+    full = flightrec.inspect(str(tmp_path), tail_entries=None, workers=1, budget=False)
+    assert sorted(full.dumps.traces) == list(range(16))
+    assert [s.rank for s in full.symptoms if s.role == "root"] == [2]

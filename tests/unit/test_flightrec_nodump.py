@@ -111,3 +111,11 @@ def test_most_dumps_missing_names_nobody(tmp_path: Path) -> None:
         write(tmp_path, r, _steps(5, done_last=False), g)
     rep = flightrec.inspect(str(tmp_path))
     assert _by_role(rep, "root") == []
+
+
+def test_half_of_a_group_missing_names_nobody(tmp_path: Path) -> None:
+    """Near miss: 4 of 8 dumps missing: as many silent ranks as waiting ones, no suspect."""
+    g = {"0": list(range(8))}
+    for r in (0, 1, 2, 3):
+        write(tmp_path, r, _steps(5, done_last=False), g)
+    assert _by_role(flightrec.inspect(str(tmp_path)), "root") == []

@@ -244,3 +244,25 @@ def test_a_failure_after_the_verdict_is_stored_never_replaces_it_with_a_partial(
     _job(cfg, key="101")
     monkeypatch.setattr(postmortem, "run_bundle", comment_timeout)
     assert retry.process(cfg, "101", slurm=JobSlurm()) == "partial"
+
+
+def test_crash_with_the_kernel_window_lost_still_names_the_drained_gpu(cfg, monkeypatch):
+    """Spool full and the analysis crashing (as an analyser that fails to import does): the partial
+    verdict takes the fast path's finding from Slurm's reason."""
+    _job(cfg, job_json=False)
+    slurm = JobSlurm(sacct_state="FAILED", ctl_state="FAILED", exit_code="1:0")
+    slurm.drain("n1", "SATTR: gpu_hardware xid79 gpu3b:00 job 100")
+
+    def boom(*a, **k):
+        raise ModuleNotFoundError("No module named 'slurm_attr.live'")
+
+    monkeypatch.setattr(postmortem, "run_bundle", boom)
+    assert retry.process(cfg, "100", slurm=slurm) == "partial"
+    v = _stored(cfg, "100")
+    assert v.cause == "gpu_hardware" and v.culprit_nodes == ["n1"]
+    assert [(r["path"], r["applied"]) for r in Store(cfg.paths.database).actions("100")] == [("fast", 1)]
+    # Near miss: without the drain reason the same crash gives no hardware verdict.
+    _job(cfg, key="101", job_json=False)
+    assert retry.process(cfg, "101", slurm=JobSlurm(sacct_state="FAILED", ctl_state="FAILED",
+                                                    exit_code="1:0")) == "partial"
+    assert _stored(cfg, "101").cause != "gpu_hardware"

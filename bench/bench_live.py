@@ -1,0 +1,168 @@
+"""Benchmark of the live watch (slurm_attr/live): one aggregation cycle at 4096 ranks and the
+watcher's CPU per node at 8 ranks, each against a named peer measured in the same run.
+
+    python3 bench/bench_live.py [--ranks 4096] [--per-node 8] [--runs 5] [--cycles 200] [--dir DIR]
+
+1. Aggregation: --ranks synthetic records (bench_probe.make_records: three communicators per
+   rank, realistic counters) in one evidence dir per node; every node's watcher writes its
+   summary, then the leader's cycle (read every summary from the spool, combine, update the
+   hang tracker) is timed, steady state (after a first cycle). Peer: the post-mortem probe
+   analysis (slurm_attr.probe.analyze) over the same records as one bundle. Goal: <= 1 s.
+2. Node CPU: one node's --per-node records, its watcher's cycle (read the records, summarise,
+   write the summary) repeated --cycles times; CPU seconds per cycle = share of one core at
+   interval_s = 1. Peer: the post-mortem reader (probe.reader.read_node) on the same files.
+   Goal: <= 1 % of one core.
+3. With --latency-runs N: the probe harness (spank/build/tests/probe_harness, `make -C spank
+   test`) plays an 8-rank job here that stalls (--scenario, default nonentry) after ~300
+   collectives; two watchers (4 ranks each, interval_s 0.5, hang_after_s --hang-after) run
+   beside it; detection latency = finding time - the stall's last recorded event, p50/max
+   over N runs, printed against hang_after_s (the floor: the stall must last that long).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+from datetime import datetime
+import statistics
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_probe import make_records  # noqa: E402
+
+from slurm_attr.bundle import Bundle  # noqa: E402
+from slurm_attr.config import Config  # noqa: E402
+from slurm_attr.live.watcher import Watcher  # noqa: E402
+from slurm_attr.probe import analyze  # noqa: E402
+from slurm_attr.probe.reader import read_node  # noqa: E402
+from slurm_attr.probe.synth import write_bundle  # noqa: E402
+
+JOB = "4242"
+
+
+def _layout(root: str, ranks: int, per_node: int) -> tuple[Config, dict[str, str], str]:
+    recs = make_records(ranks, per_node, victim=ranks // 2 + 3)
+    bundle = os.path.join(root, "bundle")
+    write_bundle(bundle, recs, {"job_id": JOB})
+    jobdirs: dict[str, str] = {}
+    for (node, rank), data in recs.items():
+        d = jobdirs.setdefault(node, os.path.join(root, "ev", node, JOB))
+        os.makedirs(os.path.join(d, "probe"), exist_ok=True)
+        with open(os.path.join(d, "probe", f"rank{rank}.probe"), "wb") as f:
+            f.write(data.rstrip(b"\0"))
+            f.truncate(len(data))
+    cfg = Config()
+    cfg.paths.spool = os.path.join(root, "spool")
+    os.makedirs(cfg.paths.spool)
+    cfg.live.hang_after_s = 1e9  # time the aggregation, not a classification
+    return cfg, jobdirs, bundle
+
+
+def _stats(v: list[float]) -> dict:
+    return {"min": round(min(v), 4), "median": round(statistics.median(v), 4)}
+
+
+def latency(runs: int, scenario: str, hang_after: float, root: str) -> None:
+    harness = os.path.join(REPO, "spank", "build", "tests", "probe_harness")
+    lib = os.path.join(REPO, "spank", "build", "libnccl-profiler-sattr.so")
+    lat = []
+    for i in range(runs):
+        out, spool = os.path.join(root, f"h{i}"), os.path.join(root, f"s{i}")
+        os.makedirs(spool)
+        cfg = Config()
+        cfg.paths.spool, cfg.live.hang_after_s, cfg.live.interval_s = spool, hang_after, 0.5
+        p = subprocess.Popen([harness, "run", "--plugin", lib, "--out", out, "--scenario", scenario, "--ops", "400",
+                              "--inject", "300", "--hang-ms", "60000", "--per-node", "4"], stdout=subprocess.DEVNULL,
+                             start_new_session=True)  # its rank processes go with it (killpg)
+        try:
+            while not os.path.isdir(os.path.join(out, "nodes", "node1")):
+                time.sleep(0.05)
+            ws = [Watcher(cfg, "1", f"n{j}", os.path.join(out, "nodes", f"node{j}"), leader=(j == 0), nnodes=2)
+                  for j in (1, 0)]
+            found: list[dict] = []
+            t0 = time.monotonic()
+            while not found and time.monotonic() - t0 < 120:
+                c0 = time.monotonic()
+                for w in ws:
+                    found += w.cycle()
+                time.sleep(max(0.0, 0.5 - (time.monotonic() - c0)))
+        finally:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        if found:
+            f = found[0]
+            lat.append(f["detected_ns"] / 1e9 - datetime.fromisoformat(f["waiting_since"]).timestamp())
+            print(f"  run {i}: {f['class']} ranks {f['ranks']} after {lat[-1]:.2f} s", flush=True)
+        else:
+            print(f"  run {i}: no finding", flush=True)
+    if lat:
+        print(f"detection latency ({scenario}, {len(lat)} of {runs} runs): p50 {statistics.median(lat):.2f} s, "
+              f"max {max(lat):.2f} s, against hang_after_s = {hang_after} (interval_s 0.5)")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ranks", type=int, default=4096)
+    ap.add_argument("--per-node", type=int, default=8)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--cycles", type=int, default=200)
+    ap.add_argument("--dir", default=None)
+    ap.add_argument("--latency-runs", type=int, default=0)
+    ap.add_argument("--scenario", default="nonentry")
+    ap.add_argument("--hang-after", type=float, default=5.0)
+    a = ap.parse_args()
+    if a.latency_runs:
+        with tempfile.TemporaryDirectory(dir=a.dir) as root:
+            latency(a.latency_runs, a.scenario, a.hang_after, root)
+    with tempfile.TemporaryDirectory(dir=a.dir) as root:
+        cfg, jobdirs, bundle = _layout(root, a.ranks, a.per_node)
+        nodes = sorted(jobdirs)
+        watchers = [Watcher(cfg, JOB, n, jobdirs[n], leader=(n == nodes[0]), nnodes=len(nodes)) for n in nodes]
+        t0 = time.perf_counter()
+        for w in watchers:
+            w.node_cycle(0.0)
+        all_nodes_s = time.perf_counter() - t0
+        leader = watchers[0]
+        leader.leader_cycle(0.0)  # first cycle: the tracker learns every rank
+        live, peer = [], []
+        for i in range(a.runs):
+            t0 = time.perf_counter()
+            leader.leader_cycle(float(i + 1))
+            live.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            analyze(Bundle(bundle), cfg)
+            peer.append(time.perf_counter() - t0)
+        sums, _ = leader.summaries()
+        size = sum(os.path.getsize(os.path.join(leader.live_dir, leader.sum_dir, f"{n}.json")) for n in nodes)
+        print(f"aggregation cycle, {a.ranks} ranks on {len(nodes)} nodes ({len(sums)} summaries, "
+              f"{size / len(nodes) / 1024:.1f} KiB each): {_stats(live)} s; "
+              f"peer probe.analyze (post-mortem, same records): {_stats(peer)} s; "
+              f"ratio live/peer (median) {statistics.median(live) / statistics.median(peer):.2f}; goal <= 1 s")
+        print(f"  (all {len(nodes)} node cycles run serially here: {all_nodes_s:.2f} s; on a cluster each node runs its own)")
+
+        # ---- node CPU at --per-node ranks ----
+        w = watchers[1] if len(watchers) > 1 else watchers[0]
+        w.leader = False
+        c0 = time.process_time()
+        for i in range(a.cycles):
+            w.node_cycle(float(i))
+        cyc = (time.process_time() - c0) / a.cycles
+        b = Bundle(bundle)
+        c0 = time.process_time()
+        for _ in range(a.cycles):
+            read_node(b, w.node, time.monotonic() + 30)
+        rd = (time.process_time() - c0) / a.cycles
+        print(f"node watcher, {a.per_node} ranks: {cyc * 1e3:.2f} ms CPU per cycle = {cyc * 100:.2f} % of one core "
+              f"at interval_s = 1; peer read_node (post-mortem reader, same files): {rd * 1e3:.2f} ms; "
+              f"ratio {cyc / rd:.1f}; goal <= 1 %")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

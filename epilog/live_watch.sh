@@ -1,0 +1,7 @@
+#!/bin/sh
+# slurm-attr live watcher (plugstack.conf: live_watcher=/usr/libexec/slurm-attr/live_watch.sh).
+# Started by the SPANK plugin as root, detached, once per node and job step, with a clean
+# environment; ends with the step. Its exit status reaches nobody: the job never waits on it.
+PY=/opt/slurm-attr/bin/python
+[ -x "$PY" ] || PY=python3
+exec "$PY" -m slurm_attr.live "$@"

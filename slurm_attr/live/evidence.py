@@ -1,0 +1,51 @@
+"""The live findings as post-mortem evidence: symptom ``live.hang`` (untrusted).
+
+The finding file is root's, but what it says comes from the job's probe records, so it
+is as untrusted as they are: it points at ranks and nodes, never justifies a drain, and
+sits below the probe's own symptoms (which the epilog's full records produce again).
+Its value is time: it says when the hang began while the job still ran, which a job
+killed at its time limit otherwise cannot tell.
+"""
+from __future__ import annotations
+
+from ..bundle import Bundle
+from ..config import Config
+from ..model import Coverage, Evidence, Symptom
+from . import findings, store
+
+ID = "live.hang"
+PRIORITY = 40  # under probe.* (55-60): the full records are the finer evidence
+SOURCE = "live"
+
+
+def analyze(bundle: Bundle, cfg: Config) -> tuple[list[Symptom], list[Coverage]]:
+    if not cfg.live.enabled:
+        return [], []
+    job = bundle.job_id.split(".r", 1)[0]
+    if not store.valid_job(job):
+        return [], []
+    doc = findings.load(cfg.paths.spool, job)
+    if doc is None:
+        # No leader ever wrote (live_watcher= unset, probe off, or no watcher started): said
+        # nowhere rather than as a "missing" line on every verdict of a site without it. A
+        # node whose watcher did not start shows in the leader's "N of M node(s) reporting".
+        return [], []
+    out = []
+    for f in doc["findings"][-findings.MAX_FINDINGS:]:
+        if not isinstance(f, dict):
+            continue
+        ranks = [r for r in f.get("ranks") or () if isinstance(r, int)]
+        nodes = [n for n in f.get("nodes") or () if isinstance(n, str) and store.valid_node(n)]
+        cause = f.get("cause") if f.get("cause") in ("rank_stuck", "collective_mismatch", "network", "comm_hang") \
+            else "comm_hang"
+        line = findings.headline(f)
+        out.append(Symptom(
+            id=ID, cause=cause, role="root", priority=PRIORITY, trusted=False,
+            node=nodes[0] if nodes else None, rank=ranks[0] if ranks else None,
+            time=f.get("detected") if isinstance(f.get("detected"), str) else None, action="none",
+            summary=line, fields={"class": f.get("class"), "ranks": ranks[:64], "nodes": nodes[:64],
+                                  "comm": f.get("comm"), "waiting_since": f.get("waiting_since"),
+                                  "quiet_s": f.get("quiet_s")},
+            evidence=[Evidence(source=SOURCE, path=f"{store.LIVE}/{job}/{findings.name(str(f.get('step', '?')))}", text=line)]))
+    cov = doc.get("coverage") if isinstance(doc.get("coverage"), str) else ""
+    return out, [Coverage(source=SOURCE, status="ok", detail=f"live watch: {cov[:300]}")]

@@ -1,0 +1,98 @@
+"""The live findings of one job: ``<spool>/live/<job>/finding.<step>.json``, root's, group
+= the job's group, 0640. Written only by the step's leading watcher; read by ``sattr``
+(checked: root's, the right job) and by the post-mortem analysis (as untrusted evidence:
+the records behind it are the job's).
+"""
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from .. import safefs
+from ..errors import UnsafePath
+from . import store
+
+MAX_FINDINGS = 20
+MAX_STEPS = 64
+
+
+def name(step: str) -> str:
+    return f"finding.{step}.json"
+
+
+def load_step(spool: str, job: str, step: str) -> dict[str, Any] | None:
+    """One step's findings document, None when there is none (or it is not trustworthy)."""
+    try:
+        doc = store.read_json(store.job_dir(spool, job), name(step), store.FINDING_CAP, owner=0)
+    except (UnsafePath, ValueError, OSError):
+        return None
+    if (not isinstance(doc, dict) or doc.get("job") != job or doc.get("step") != step
+            or not isinstance(doc.get("findings"), list)):
+        return None
+    return doc
+
+
+def load(spool: str, job: str) -> dict[str, Any] | None:
+    """Every step's findings of the job merged into one document, None when none."""
+    try:
+        entries = safefs.list_dir(store.job_dir(spool, job))
+    except (UnsafePath, ValueError):
+        return None
+    steps = sorted(n[len("finding."):-len(".json")] for n, kind in entries
+                   if kind == "file" and n.startswith("finding.") and n.endswith(".json"))
+    docs = [d for d in (load_step(spool, job, s) for s in steps[:MAX_STEPS] if store.valid_step(s)) if d]
+    if not docs:
+        return None
+    covs = [f"step {d['step']}: {d['coverage']}" for d in docs if isinstance(d.get("coverage"), str)]
+    return {"job": job, "findings": [f for d in docs for f in d["findings"]], "coverage": "; ".join(covs)}
+
+
+def save(spool: str, job: str, step: str, doc: dict[str, Any], gid: int | None) -> None:
+    doc["findings"] = doc.get("findings", [])[-MAX_FINDINGS:]
+    doc["job"], doc["step"] = job, step
+    store.write_json(store.job_dir(spool, job), "", name(step), doc, mode=0o640, gid=gid)
+
+
+def _clock(iso_time: Any) -> str:
+    try:
+        return datetime.fromisoformat(str(iso_time)).astimezone().strftime("%H:%M:%S")
+    except ValueError:
+        return "?"
+
+
+def _ranks(rs: list[Any]) -> str:
+    rs = [r for r in rs if isinstance(r, int)]
+    if not rs:
+        return "ranks"
+    shown = ",".join(map(str, rs[:8])) + (",..." if len(rs) > 8 else "")
+    return f"rank{'s' if len(rs) > 1 else ''} {shown}"
+
+
+def headline(f: dict[str, Any]) -> str:
+    """One line: "hang detected 14:02:10: rank 37 never entered all_reduce #812; ranks
+    waiting since 14:01:05"."""
+    syms = [s for s in f.get("symptoms") or () if isinstance(s, dict)]
+    cls = f.get("class")
+    first = syms[0] if syms else {}
+    fields = first.get("fields") or {}
+    if cls == "H1" and syms:
+        what = f"{_ranks(f.get('ranks') or [])} never entered {fields.get('func')} #{fields.get('seq')}"
+    elif cls == "H3" and syms:
+        what = (f"rank {fields.get('src_rank')} ({fields.get('src_node')}) -> rank {fields.get('dst_rank')} "
+                f"({fields.get('dst_node')}): network sends never completed")
+    elif cls == "H2" and syms:
+        what = f"{_ranks(f.get('ranks') or [])} issued {fields.get('issued')} where others issued {fields.get('expected')}"
+    elif cls == "H1":
+        what = f"{_ranks(f.get('ranks') or [])} {f.get('what')}"
+    else:
+        what = str(f.get("what") or "no rank progresses")
+    since = f"; ranks waiting since {_clock(f.get('waiting_since'))}" if f.get("waiting_since") else ""
+    return f"hang detected {_clock(f.get('detected'))}: {what} [{cls}, {f.get('label')}]{since}"
+
+
+def lines(doc: dict[str, Any]) -> list[str]:
+    out = [headline(f) for f in doc.get("findings", []) if isinstance(f, dict)]
+    cov = doc.get("coverage")
+    if isinstance(cov, str) and cov:
+        out.append(f"live watch: {cov}")
+    return out

@@ -1,0 +1,178 @@
+"""The per-node, per-step watcher loop (``python -m slurm_attr.live watch``).
+
+Every ``[live] interval_s``: read the local records, write this node's summary (and, once
+a local communicator looks stalled, snapshots of its records) to the spool. The leader
+(the step's first node) then reads every node's summary, detects hangs and writes the
+findings. It ends when the step does (its slurmstepd is gone, or the job's evidence dir
+is) and never touches the job: it only reads the job's files, at idle CPU priority.
+Any error in a cycle is recorded in the summary and the loop goes on.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from typing import Any, Callable
+
+from .. import safefs
+from ..config import Config
+from ..errors import UnsafePath
+from . import classify, findings, store
+from .detect import Tracker
+from .nodeview import LocalStall, read_local, read_snapshot, summarize
+
+MAX_NODES = 8192
+STALE_CYCLES = 10  # a summary older than this many intervals: its watcher is gone
+
+
+def _proc_start(pid: int) -> str | None:
+    """The process's start time (field 22 of /proc/PID/stat): a pid reused later differs."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read(4096)
+    except OSError:
+        return None
+    return data.rsplit(b")", 1)[-1].split()[19].decode(errors="replace") if b")" in data else None
+
+
+class Watcher:
+    def __init__(self, cfg: Config, job: str, node: str, jobdir: str, leader: bool = False,
+                 nnodes: int = 0, gid: int | None = None, stepd_pid: int | None = None,
+                 clock: Callable[[], float] = time.monotonic, step: str = "0"):
+        if not store.valid_node(node):
+            raise ValueError(f"bad node name {node!r}")
+        if not store.valid_step(step):
+            raise ValueError(f"bad step {step!r}")
+        self.cfg, self.job, self.node, self.jobdir, self.step = cfg, job, node, jobdir, step
+        self.leader, self.nnodes, self.gid, self.clock = leader, nnodes, gid, clock
+        self.live_dir = store.ensure_job_dir(cfg.paths.spool, job)
+        self.local = LocalStall(max(2 * cfg.live.interval_s, cfg.live.hang_after_s / 2))
+        self.tracker = Tracker(cfg.live.hang_after_s)
+        self.snap_digest: dict[str, bytes] = {}
+        self.stepd = (stepd_pid, _proc_start(stepd_pid)) if stepd_pid else None
+        self.sum_dir = f"summary/{step}"
+        self.step_dir = os.path.join(self.live_dir, "steps", step)  # bundle-shaped snapshots
+        self.doc: dict[str, Any] = findings.load_step(cfg.paths.spool, job, step) or {"findings": []}
+        self.cycles = 0
+
+    # ---- the node's part --------------------------------------------------------------
+    def node_cycle(self, now: float) -> dict[str, Any]:
+        records, problems, sizes = read_local(self.jobdir, self.node)
+        summary = summarize(self.job, self.node, records, problems)
+        summary["seq"] = self.cycles
+        if self.local.update(summary, now):
+            summary["snapshots"] = self._snapshot(sizes)
+        elif self.snap_digest:
+            self._drop_snapshots()  # the stall is over: a later one must not read these
+        summary["step"] = self.step
+        store.write_json(self.live_dir, self.sum_dir, f"{self.node}.json", summary)
+        return summary
+
+    def _snapshot(self, sizes: dict[str, int]) -> int:
+        """Copy changed records to nodes/<node>/probe (a stalled job's do not change)."""
+        written = 0
+        rel = f"steps/{self.step}/nodes/{self.node}/probe"
+        for name, size in sizes.items():
+            data = read_snapshot(self.jobdir, name, size)
+            if data is None:
+                continue
+            digest = hashlib.blake2b(data, digest_size=16).digest()
+            if self.snap_digest.get(name) == digest:
+                continue
+            store.write_atomic(self.live_dir, rel, name, data)
+            self.snap_digest[name] = digest
+            written += 1
+        return written
+
+    # ---- the leader's part ------------------------------------------------------------
+    def summaries(self) -> tuple[list[dict[str, Any]], list[str]]:
+        out, problems = [], []
+        try:
+            entries = safefs.list_dir(self.live_dir, self.sum_dir)
+        except UnsafePath:
+            return [], ["no node summaries yet"]
+        now_ns = time.time_ns()
+        stale_ns = int(STALE_CYCLES * self.cfg.live.interval_s * 1e9)
+        for name, kind in entries[:MAX_NODES]:
+            if kind != "file" or not name.endswith(".json") or name.startswith("."):
+                continue
+            try:
+                s = store.read_json(self.live_dir, f"{self.sum_dir}/{name}", store.SUMMARY_CAP)
+            except (UnsafePath, ValueError, OSError) as err:
+                problems.append(f"{name}: {err}")
+                continue
+            if (not isinstance(s, dict) or s.get("job") != self.job or s.get("step") != self.step
+                    or not isinstance(s.get("comms"), list)):
+                problems.append(f"{name}: not a summary of this job")
+                continue
+            if isinstance(s.get("now_ns"), int) and now_ns - s["now_ns"] > stale_ns:
+                problems.append(f"{s.get('node')}: summary stale (watcher gone?)")
+            out.append(s)
+        return out, problems
+
+    def leader_cycle(self, now: float) -> list[dict[str, Any]]:
+        sums, problems = self.summaries()
+        new = []
+        for hang in self.tracker.update(sums, now):
+            f = classify.finding(hang, self.cfg, self.step_dir, self.job)
+            f["step"] = self.step
+            new.append(f)
+        reporting = f"{len(sums)} of {self.nnodes or '?'} node(s) reporting"
+        cov = "; ".join([reporting] + problems[:3])
+        if new or cov != self.doc.get("coverage"):
+            self.doc["findings"] = self.doc.get("findings", []) + new
+            self.doc["coverage"] = cov
+            findings.save(self.cfg.paths.spool, self.job, self.step, self.doc, self.gid)
+        return new
+
+    # ---- the loop ---------------------------------------------------------------------
+    def step_alive(self) -> bool:
+        if not os.path.isdir(self.jobdir):
+            return False
+        if self.stepd is not None:
+            start = _proc_start(self.stepd[0])
+            return start is not None and start == self.stepd[1]
+        return True
+
+    def cycle(self) -> list[dict[str, Any]]:
+        now = self.clock()
+        self.cycles += 1
+        self.node_cycle(now)
+        return self.leader_cycle(now) if self.leader else []
+
+    def run(self, max_cycles: int | None = None) -> None:
+        interval = self.cfg.live.interval_s
+        try:
+            while self.step_alive() and (max_cycles is None or self.cycles < max_cycles):
+                t0 = self.clock()
+                try:
+                    self.cycle()
+                except Exception as err:  # noqa: BLE001 - one bad cycle must not end the watch
+                    self._note(f"cycle failed: {type(err).__name__}: {err}")
+                time.sleep(max(0.05, interval - (self.clock() - t0)))
+        finally:
+            self._leave()
+
+    def _note(self, text: str) -> None:
+        try:
+            store.write_json(self.live_dir, self.sum_dir, f"{self.node}.err", {"node": self.node, "error": text[:500]})
+        except OSError:
+            pass
+
+    def _leave(self) -> None:
+        """The node's summary and snapshots go with the step; the findings stay."""
+        for rel in (f"{self.sum_dir}/{self.node}.json", f"{self.sum_dir}/{self.node}.err"):
+            try:
+                os.unlink(os.path.join(self.live_dir, rel))
+            except OSError:
+                pass
+        self._drop_snapshots()
+
+    def _drop_snapshots(self) -> None:
+        snap = os.path.join(self.step_dir, "nodes", self.node, "probe")
+        for name in list(self.snap_digest):
+            try:
+                os.unlink(os.path.join(snap, name))
+            except OSError:
+                pass
+        self.snap_digest.clear()

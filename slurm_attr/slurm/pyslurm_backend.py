@@ -1,0 +1,311 @@
+"""Slurm through pyslurm (libslurm/libslurmdb in-process), behind the same methods as cli.CliSlurm.
+
+Why: one RPC instead of a process per question (sacct, sacctmgr, scontrol each start,
+read slurm.conf and authenticate), and the accounting Comment written through
+``slurmdb_job_modify`` with its case kept (sacctmgr 22.05 lowercases it) without the
+separate ``sattr-comment`` tool.
+
+Records come back in the CLI backend's shapes (``sacct -P`` fields, ``scontrol -o``
+keys), so every caller and parser stays as it is. What pyslurm does not cover the same
+way is asked of the CLI backend it wraps: ``scontrol show job`` (its raw line is what the
+provenance checks read), reboots, array-task comments (pyslurm's
+job filter cannot name one task), and any call where pyslurm itself breaks (an API or
+ABI surprise raises something other than its RPCError).
+
+A PySlurm release line works only with the Slurm major.minor it was built for; ``load``
+checks that before anything is used, and ``select.py`` falls back to the CLI otherwise.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import time
+from typing import Any, Callable
+
+from ..errors import SlurmError, SlurmUnavailable
+from .cli import SACCT_FIELDS, CliSlurm
+
+log = logging.getLogger("slurm_attr")
+
+# slurmdbd's answer when no job row matched (not in accounting yet): the queue retries it.
+_NOTHING = "Nothing was modified"
+# libslurm's own wording when a daemon did not answer (slurm_strerror texts).
+_UNREACHABLE = ("Unable to contact slurm controller", "Connection refused", "Socket timed out",
+                "Zero Bytes were transmitted", "Failed to open", "Unable to connect to database",
+                "Communication connection failure",
+                # pyslurm's own words when libslurmdb returned nothing (slurmdbd away or restarting)
+                "Failed to get Jobs from slurmdbd", "Failed to open onnection to slurmdbd")
+
+_loaded: dict[str, Any] = {}  # the one pyslurm this process initialised, and with which slurm.conf
+
+
+def release_of(version: str) -> tuple[int, int] | None:
+    """pyslurm's ``22.5.3`` / Slurm's ``22.05.8`` -> (22, 5); None when unreadable."""
+    parts = (version or "").strip().split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def slurm_release(slurm_bin: str, slurm_conf: str) -> tuple[int, int] | None:
+    """The installed Slurm's release from ``sinfo -V`` (libslurm has no call that says it:
+    ``slurm_api_version()`` is the library's API age, e.g. 38 for 22.05). Asked before pyslurm is
+    imported: a release line built for other headers must not even be loaded."""
+    import subprocess
+
+    env = dict(os.environ, SLURM_CONF=slurm_conf)
+    try:
+        out = subprocess.run([os.path.join(slurm_bin, "sinfo"), "-V"], capture_output=True, text=True, timeout=10,
+                             env=env, stdin=subprocess.DEVNULL).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    words = out.split()
+    return release_of(words[-1]) if words else None
+
+
+def load(slurm_conf: str, slurm_bin: str = "/usr/bin") -> tuple[Any, str]:
+    """(the pyslurm module, "") when it is installed and its release line is the installed
+    Slurm's, else (None, why). Initialises libslurm once per process, with ``slurm_conf``."""
+    if "mod" in _loaded:
+        if slurm_conf and _loaded["conf"] != slurm_conf:
+            return None, f"pyslurm already initialised with {_loaded['conf']}"
+        return _loaded["mod"], ""
+    if "why" in _loaded:
+        return None, _loaded["why"]
+    mod, why = _import(slurm_conf, slurm_bin)
+    if mod is None:
+        _loaded["why"] = why
+    else:
+        _loaded.update(mod=mod, conf=slurm_conf)
+    return mod, why
+
+
+def _import(slurm_conf: str, slurm_bin: str = "/usr/bin") -> tuple[Any, str]:
+    import importlib.util
+
+    if importlib.util.find_spec("pyslurm") is None:
+        return None, "pyslurm is not installed"
+    try:
+        from importlib.metadata import version as dist_version
+        have = release_of(dist_version("pyslurm"))
+    except Exception as err:  # noqa: BLE001 - any broken metadata means: do not touch it
+        return None, f"pyslurm's version is unreadable: {err}"
+    # libslurm's slurm_init() exits the whole process (fatal) when it cannot read its
+    # config: never import pyslurm without a readable one (the node epilog must survive).
+    conf = slurm_conf or os.environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
+    if not os.access(conf, os.R_OK):
+        return None, f"{conf} is not readable"
+    running = slurm_release(slurm_bin, conf)
+    if have is None or running is None or have != running:
+        show = ".".join(map(str, have or ())) or "?"
+        return None, f"pyslurm {show} does not match Slurm {'.'.join(map(str, running or ())) or '?'}"
+    os.environ["SLURM_CONF"] = conf  # libslurm reads it at import, as the CLI tools do
+    try:
+        import pyslurm  # noqa: F401 - initialises libslurm
+        import pyslurm.db  # noqa: F401
+    except Exception as err:  # noqa: BLE001 - ImportError (other libslurm soname), RPCError at init, ...
+        return None, f"pyslurm does not import: {type(err).__name__}: {err}"[:300]
+    return pyslurm, ""
+
+
+def _slurm_time(epoch: Any) -> str:
+    """sacct's/scontrol's local ``YYYY-MM-DDTHH:MM:SS``; "Unknown" for no time."""
+    if not epoch:
+        return "Unknown"
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(int(epoch)))
+
+
+def _duration(seconds: Any) -> str:
+    """sacct's ``[D-]HH:MM:SS``."""
+    s = int(seconds or 0)
+    d, s = divmod(s, 86400)
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    return (f"{d}-" if d else "") + f"{h:02d}:{m:02d}:{s:02d}"
+
+
+def _uid_of(name: Any) -> str:
+    try:
+        return str(pwd.getpwnam(str(name)).pw_uid)
+    except (KeyError, TypeError):
+        return str(name)
+
+
+def _attr(obj: Any, name: str) -> Any:
+    """A pyslurm property; None where reading it raises (an unknown uid, an unset value)."""
+    try:
+        return getattr(obj, name)
+    except (KeyError, ValueError, OverflowError):
+        return None
+
+
+def sacct_row(job: Any) -> dict[str, str]:
+    """A pyslurm.db.Job as the CLI backend's ``sacct -P -X`` row (SACCT_FIELDS)."""
+    jid = str(job.id)
+    arr, task = _attr(job, "array_id"), _attr(job, "array_task_id")
+    shown = f"{arr}_{task}" if arr and task is not None else jid
+    state = str(_attr(job, "state") or "")
+    if state == "CANCELLED":
+        by = _attr(job, "cancelled_by")
+        if by:
+            state = f"CANCELLED by {_uid_of(by)}"
+    limit = _attr(job, "time_limit")
+    row = {
+        "JobID": shown, "JobIDRaw": jid,
+        "User": str(_attr(job, "user_name") or ""), "Partition": str(_attr(job, "partition") or ""),
+        "NodeList": str(_attr(job, "nodelist") or "None assigned"), "State": state,
+        "ExitCode": f"{_attr(job, 'exit_code') or 0}:{_attr(job, 'exit_code_signal') or 0}",
+        "DerivedExitCode": f"{_attr(job, 'derived_exit_code') or 0}:{_attr(job, 'derived_exit_code_signal') or 0}",
+        "Start": _slurm_time(_attr(job, "start_time")), "End": _slurm_time(_attr(job, "end_time")),
+        "Elapsed": _duration(_attr(job, "elapsed_time")),
+        "Timelimit": ("Partition_Limit" if limit == "PartitionLimit" else
+                      "UNLIMITED" if limit is None else _duration(int(limit) * 60)),
+    }
+    return {k: row[k] for k in SACCT_FIELDS}
+
+
+def node_record(node: Any) -> dict[str, str]:
+    """A pyslurm.Node as the ``scontrol -o show node`` keys the callers read."""
+    reason = str(_attr(node, "reason") or "")
+    if reason:
+        # scontrol's "Reason=text [user@time]": slurmstate.NodeState reads the stamp back.
+        who, when = _attr(node, "reason_user"), _attr(node, "reason_time")
+        if who or when:
+            reason = f"{reason} [{who or 'unknown'}@{_slurm_time(when)}]"
+    return {"NodeName": str(node.name), "State": str(_attr(node, "state") or ""),
+            "Reason": reason, "Partitions": ",".join(_attr(node, "partitions") or [])}
+
+
+class PyslurmSlurm:
+    """SlurmAccess through pyslurm; ``cli`` answers what pyslurm does not (see the top)."""
+
+    name = "pyslurm"
+
+    def __init__(self, mod: Any, cli: CliSlurm):
+        self.ps = mod
+        self.cli = cli
+        self.timeout = cli.timeout
+
+    # -- plumbing -------------------------------------------------------------------
+    def _call(self, what: str, fn: Callable[[], Any], fallback: Callable[[], Any]) -> Any:
+        """fn() with pyslurm's errors typed as the CLI's; anything else pyslurm raises is a
+        surprise of the binding itself: logged, and the CLI answers instead."""
+        try:
+            return fn()
+        except self.ps.RPCError as err:
+            msg = str(err)
+            cls = SlurmUnavailable if any(s in msg for s in _UNREACHABLE) else SlurmError
+            raise cls(f"pyslurm {what}: {msg}") from err
+        except (SlurmError, MemoryError):
+            raise
+        except Exception as err:  # noqa: BLE001 - the binding, not Slurm, failed: use the CLI
+            log.warning("pyslurm %s failed (%s: %s); using the Slurm CLI", what, type(err).__name__, err)
+            return fallback()
+
+    def run(self, tool: str, *args: str) -> str:
+        return self.cli.run(tool, *args)
+
+    # -- jobs -----------------------------------------------------------------------
+    def show_job(self, job_id: str) -> dict[str, str] | None:
+        return self.cli.show_job(job_id)
+
+    def _db_jobs(self, job_ids: list[str]) -> dict[str, Any]:
+        """{asked id: pyslurm.db.Job} for ids accounting knows (A_T: that array task)."""
+        base = sorted({int(j.split("_")[0]) for j in job_ids})
+        found = self.ps.db.Jobs.load(self.ps.db.JobFilter(ids=base))
+        out: dict[str, Any] = {}
+        for job in found.values():
+            arr, task = _attr(job, "array_id"), _attr(job, "array_task_id")
+            keys = [str(job.id)] + ([f"{arr}_{task}"] if arr and task is not None else [])
+            for k in keys:
+                if k in job_ids and k not in out:
+                    out[k] = job
+        return out
+
+    @staticmethod
+    def _plain(job_ids: list[str]) -> bool:
+        return all(j.replace("_", "", 1).isdigit() for j in job_ids)
+
+    def sacct_job(self, job_id: str) -> dict[str, str] | None:
+        if not self._plain([job_id]):
+            return self.cli.sacct_job(job_id)
+
+        def get() -> dict[str, str] | None:
+            job = self._db_jobs([job_id]).get(job_id)
+            return sacct_row(job) if job is not None else None
+        return self._call("db.Jobs.load", get, lambda: self.cli.sacct_job(job_id))
+
+    def job_comment(self, job_id: str, field: str) -> str | None:
+        return self.job_comments([job_id], field).get(job_id)
+
+    def job_comments(self, job_ids: list[str], field: str) -> dict[str, str | None]:
+        if not job_ids or not self._plain(job_ids):
+            return self.cli.job_comments(job_ids, field)
+        attr = "admin_comment" if field == "AdminComment" else "comment"
+
+        def get() -> dict[str, str | None]:
+            out: dict[str, str | None] = {j: None for j in job_ids}
+            for at in range(0, len(job_ids), 200):
+                for k, job in self._db_jobs(job_ids[at:at + 200]).items():
+                    # A job in accounting with no comment reads as "", as sacct prints it.
+                    out[k] = str(_attr(job, attr) or "")
+            return out
+        return self._call("db.Jobs.load", get, lambda: self.cli.job_comments(job_ids, field))
+
+    def set_job_comment(self, job_id: str, field: str, text: str) -> None:
+        if not job_id.isdigit():
+            # pyslurm's filter selects whole arrays only: one task's comment goes the CLI way.
+            self.cli.set_job_comment(job_id, field, text)
+            return
+        attr = "admin_comment" if field == "AdminComment" else "comment"
+        db = self.ps.db
+
+        def put() -> None:
+            try:
+                db.Jobs.modify(db.JobFilter(ids=[int(job_id)]), db.Job(**{attr: text}))
+            except self.ps.RPCError as err:
+                if _NOTHING in str(err):
+                    raise SlurmUnavailable(f"accounting has no record of job {job_id} yet") from err
+                raise
+        self._call("db.Jobs.modify", put, lambda: self.cli.set_job_comment(job_id, field, text))
+
+    # -- nodes ----------------------------------------------------------------------
+    def show_node(self, node: str) -> dict[str, str] | None:
+        def get() -> dict[str, str] | None:
+            try:
+                return node_record(self.ps.Node.load(node))
+            except self.ps.RPCError as err:
+                msg = str(err).lower()
+                if "does not exist" in msg or "invalid node name" in msg:
+                    return None
+                raise
+        return self._call("Node.load", get, lambda: self.cli.show_node(node))
+
+    def nodes(self) -> list[dict[str, Any]]:
+        return self._call("Nodes.load", lambda: [node_record(n) for n in self.ps.Nodes.load().values()],
+                          self.cli.nodes)
+
+    def reasons(self) -> list[Any]:
+        """``sinfo -R``'s rows (node, when the reason was set, reason) from the same node records."""
+        from ..slurmstate import ReasonRow
+
+        def get() -> list[Any]:
+            return [ReasonRow(str(n.name), float(_attr(n, "reason_time") or 0) or None, str(_attr(n, "reason")))
+                    for n in self.ps.Nodes.load().values() if _attr(n, "reason")]
+        return self._call("Nodes.load", get, self.cli.reasons)
+
+    def drain(self, node: str, reason: str) -> None:
+        self._call("Node.modify", lambda: self.ps.Node(node).modify(self.ps.Node(state="DRAIN", reason=reason)),
+                   lambda: self.cli.drain(node, reason))
+
+    def resume(self, node: str) -> None:
+        self._call("Node.modify", lambda: self.ps.Node(node).modify(self.ps.Node(state="RESUME")),
+                   lambda: self.cli.resume(node))
+
+    def reboot(self, node: str, reason: str, nextstate: str = "DOWN") -> None:
+        self.cli.reboot(node, reason, nextstate=nextstate)
+
+    def cluster_name(self) -> str:
+        return self.cli.cluster_name()

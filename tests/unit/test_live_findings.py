@@ -1,0 +1,167 @@
+"""The live finding after detection: classification from the summaries when no snapshot
+explains it, the file's trust checks, `sattr live`, the post-mortem evidence, the
+watcher's end with its step."""
+from __future__ import annotations
+
+import json
+import os
+
+from click.testing import CliRunner
+
+from slurm_attr.bundle import Bundle
+from slurm_attr.cli import main
+from slurm_attr.config import Config
+from slurm_attr.live import analyze, findings, store
+from slurm_attr.live.classify import from_summaries
+from slurm_attr.live.detect import Hang
+from slurm_attr.live.watcher import Watcher
+
+AR = 4
+
+
+def _m(cr, node, fs_ar, kern=None, wait=(0,) * 6):
+    fs = [0] * 12
+    fs[AR] = fs_ar
+    return {"cr": cr, "g": 10 + cr, "node": node, "fs": fs, "kern": kern, "wait": list(wait), "api": False,
+            "prog": 1, "act": 1}
+
+
+def test_summary_fallback_names_the_rank_behind():
+    members = {cr: _m(cr, f"n{cr // 2}", 9 if cr == 3 else 10, kern=None if cr == 3 else [AR, 9]) for cr in range(6)}
+    cls, cause, ranks, what, waiting = from_summaries(Hang("ab", "world ab", 6, 70.0, 60.0, None, members))
+    assert (cls, cause, ranks, what) == ("H1", "rank_stuck", [13], "never entered AllReduce #9")
+    assert waiting == [10, 11, 12, 14, 15]
+
+
+def test_summary_fallback_half_behind_is_not_blamed():
+    # three of six behind: no telling who waits on whom -> unlocalised
+    members = {cr: _m(cr, "n0", 9 if cr < 3 else 10, kern=[AR, 9]) for cr in range(6)}
+    cls, cause, ranks, _what, _w = from_summaries(Hang("ab", "w", 6, 70.0, 60.0, None, members))
+    assert (cls, cause, ranks) == ("H0", "comm_hang", [])
+
+
+def _cfg(tmp_path) -> Config:
+    cfg = Config()
+    cfg.paths.spool = str(tmp_path / "spool")
+    os.makedirs(cfg.paths.spool, exist_ok=True)
+    return cfg
+
+
+def _doc(job="77"):
+    f = {"job": job, "detected": "2026-12-01T14:02:10+00:00", "class": "H1", "cause": "rank_stuck",
+         "comm": "ab", "label": "world ab", "ranks": [37], "nodes": ["n4"], "waiting_ranks": [1, 2],
+         "waiting_since": "2026-12-01T14:01:05+00:00", "what": "never entered AllReduce #812",
+         "symptoms": [{"id": "probe.non_entry", "fields": {"func": "AllReduce", "seq": 812}}]}
+    return {"job": job, "findings": [f], "coverage": "2 of 2 node(s) reporting"}
+
+
+def test_finding_is_shown_by_sattr_live_and_read_as_untrusted_evidence(tmp_path, monkeypatch):
+    cfg = _cfg(tmp_path)
+    store.ensure_job_dir(cfg.paths.spool, "77")
+    findings.save(cfg.paths.spool, "77", "0", _doc(), gid=None)
+    toml = tmp_path / "c.toml"
+    toml.write_text(f'[paths]\nspool = "{cfg.paths.spool}"\n')
+    monkeypatch.setenv("SLURM_ATTR_CONFIG", str(toml))
+    out = CliRunner().invoke(main, ["live", "77"])
+    assert out.exit_code == 0, out.output
+    assert "rank 37 never entered AllReduce #812 [H1, world ab]; ranks waiting since" in out.output
+    assert "live watch: step 0: 2 of 2 node(s) reporting" in out.output
+    js = json.loads(CliRunner().invoke(main, ["live", "77", "--json"]).output)
+    assert js["findings"][0]["ranks"] == [37]
+    # near miss: another job has none
+    assert "no live findings" in CliRunner().invoke(main, ["live", "78"]).output
+    # the post-mortem side: an untrusted symptom pointing at rank and node, never a drain
+    bdir = tmp_path / "bundle"
+    bdir.mkdir()
+    (bdir / "job.json").write_text(json.dumps({"job_id": "77"}))
+    (s,), (cov,) = analyze(Bundle(str(bdir)), cfg)
+    assert (s.id, s.cause, s.rank, s.node, s.trusted, s.action) == ("live.hang", "rank_stuck", 37, "n4", False, "none")
+    assert cov.status == "ok"
+
+
+def test_a_finding_that_is_not_ours_or_names_another_job_is_ignored(tmp_path):
+    cfg = _cfg(tmp_path)
+    d = store.ensure_job_dir(cfg.paths.spool, "77")
+    path = os.path.join(d, findings.name("0"))
+    with open(path, "w") as f:  # root's, but names another job
+        json.dump(dict(_doc(job="78"), step="0"), f)
+    assert findings.load(cfg.paths.spool, "77") is None
+    os.unlink(path)
+    (tmp_path / "x").write_text(json.dumps(dict(_doc(), step="0")))
+    os.symlink(str(tmp_path / "x"), path)
+    assert findings.load(cfg.paths.spool, "77") is None
+    os.unlink(path)
+    findings.save(cfg.paths.spool, "77", "0", _doc(), gid=None)
+    os.chown(path, 65534, -1)  # not root's
+    assert findings.load(cfg.paths.spool, "77") is None
+    os.chown(path, 0, -1)
+    # a second step's findings merge in
+    findings.save(cfg.paths.spool, "77", "batch", _doc(), gid=None)
+    doc = findings.load(cfg.paths.spool, "77")
+    assert [f["ranks"] for f in doc["findings"]] == [[37], [37]]
+    assert doc["coverage"].startswith("step 0: ") and "step batch: " in doc["coverage"]
+
+
+def test_watcher_ends_with_its_step_and_leaves_only_the_findings(tmp_path):
+    cfg = _cfg(tmp_path)
+    cfg.live.interval_s = 0.05
+    jobdir = tmp_path / "ev" / "77"
+    (jobdir / "probe").mkdir(parents=True)
+    w = Watcher(cfg, "77", "n0", str(jobdir), leader=True, nnodes=1)
+    w.run(max_cycles=2)
+    live = tmp_path / "spool" / "live" / "77"
+    assert not (live / "summary" / "0" / "n0.json").exists()
+    assert findings.load(cfg.paths.spool, "77")["coverage"].startswith("step 0: 1 of 1 node(s) reporting")
+    # the evidence dir gone (the epilog removed it): the loop ends at once
+    os.rename(jobdir, tmp_path / "gone")
+    w2 = Watcher(cfg, "77", "n0", str(jobdir), leader=False)
+    w2.run()
+    assert w2.cycles == 0
+    # a stepd pid that is not alive (reused pids differ by start time): no cycle either
+    os.rename(tmp_path / "gone", jobdir)
+    w3 = Watcher(cfg, "77", "n0", str(jobdir), stepd_pid=2 ** 22 + 7)
+    w3.run()
+    assert w3.cycles == 0
+
+
+def test_entry_point_resolves_the_node_from_the_step_list(tmp_path, monkeypatch):
+    """What the plugin execs: the node is the nodeid-th of the step's list (the task context
+    does not know its name); disabled in the config, it does nothing at all."""
+    from slurm_attr.live.__main__ import main as live_main
+
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    jobdir = tmp_path / "ev" / "91"
+    (jobdir / "probe").mkdir(parents=True)
+    conf = tmp_path / "c.toml"
+    conf.write_text(f'[paths]\nspool = "{spool}"\n[live]\ninterval_s = 0.05\n')
+    args = ["watch", "--job", "91", "--step", "batch", "--nodelist", "gpu[07-09]", "--nodeid", "2",
+            "--nnodes", "3", "--jobdir", str(jobdir), "--config", str(conf), "--cycles", "1"]
+    monkeypatch.setattr(Watcher, "_leave", lambda self: None)  # keep the summary to look at
+    assert live_main(args + ["--leader"]) == 0
+    assert findings.load(str(spool), "91")["coverage"] == "step batch: 1 of 3 node(s) reporting"
+    summary = json.loads((spool / "live" / "91" / "summary" / "batch" / "gpu09.json").read_text())
+    assert (summary["node"], summary["step"], summary["comms"]) == ("gpu09", "batch", [])
+    conf.write_text(f'[paths]\nspool = "{spool}"\n[live]\nenabled = false\n')
+    assert live_main(args) == 0
+    args[2] = "92"
+    assert live_main(args) == 0
+    assert not (spool / "live" / "92").exists()
+
+
+def test_sattr_jobid_shows_the_live_finding_until_a_verdict_exists(tmp_path, monkeypatch):
+    cfg = _cfg(tmp_path)
+    toml = tmp_path / "c.toml"
+    # slurm_bin: no sacct here (accounting "down"), so the near miss answers at once
+    toml.write_text(f'[paths]\nspool = "{cfg.paths.spool}"\ndatabase = "{tmp_path}/db/sattr.db"\n'
+                    f'slurm_bin = "{tmp_path}/no-slurm"\n'
+                    f'[intake]\nqueue_dir = "{tmp_path}/pending"\n')
+    monkeypatch.setenv("SLURM_ATTR_CONFIG", str(toml))
+    store.ensure_job_dir(cfg.paths.spool, "77")
+    findings.save(cfg.paths.spool, "77", "0", _doc(), gid=None)
+    out = CliRunner().invoke(main, ["77"])
+    assert out.exit_code == 0, out.output
+    assert out.output.startswith("job 77: hang detected ") and "rank 37 never entered AllReduce #812" in out.output
+    # near miss: a job without a verdict and without a live finding is still "no verdict"
+    out = CliRunner().invoke(main, ["78"])
+    assert out.exit_code != 0 and "no verdict for job 78" in out.output

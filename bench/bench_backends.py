@@ -147,7 +147,7 @@ def main() -> None:
     e = cluster_env()
     os.environ["SLURM_CONF"] = e["SLURM_CONF"]
     wait_idle(e)
-    if node_state(e)[1]:
+    if node_state(e)[1] not in ("", "none"):
         raise SystemExit(f"{NODE} has a reason set ({node_state(e)[1]!r}): not touching it")
     original = TOML.read_text()
     epilog: dict[str, list[float]] = {b: [] for b in BACKENDS}

@@ -69,7 +69,10 @@ def _from_slurmctld(slurm: SlurmAccess, job: dict[str, Any], raw: str) -> dict[s
 
 
 def _settle_state(slurm: SlurmAccess, job: dict[str, Any], deadline: float) -> tuple[dict[str, Any], str]:
-    """(job with the best final state there is, accounting's error or '')."""
+    """(job with the best final state there is, accounting's error or '').
+
+    Accounting's final word wins; while it is down, or still without a final state at the
+    deadline (slurmdbd catching up after an outage), slurmctld's final word is taken."""
     raw = str(job.get("slurm_job_id") or job.get("job_id", ""))
     while True:
         try:
@@ -82,8 +85,10 @@ def _settle_state(slurm: SlurmAccess, job: dict[str, Any], deadline: float) -> t
             time.sleep(1.0)
             continue
         job = controller.refresh_state(job, row)
-        if job.get("state_source") == "sacct" or time.monotonic() >= deadline:
+        if job.get("state_source") == "sacct":
             return job, ""
+        if time.monotonic() >= deadline:
+            return _from_slurmctld(slurm, job, raw), ""
         time.sleep(0.5)
 
 
@@ -98,11 +103,12 @@ def _analysis_dir(cfg: Config, bundle_dir: str) -> tuple[str, bool]:
 
 def finish_job(cfg: Config, slurm: SlurmAccess, store: Store, bundle_dir: str,
                job_facts: dict[str, Any] | None = None, notes: list[Coverage] | None = None,
-               progress: dict[str, Any] | None = None) -> Verdict:
+               progress: dict[str, Any] | None = None, allow_unknown: bool = True) -> Verdict:
     """The whole after-the-job flow for one bundle; returns the stored verdict.
 
     ``job_facts``: the intake's copy of the job's facts, used where the bundle has no job.json.
-    Raises AccountingPending (nothing stored) when the state is unknown only for want of accounting.
+    Raises AccountingPending (nothing stored) when the verdict would be `unknown` for want of the
+    job's final state, unless ``allow_unknown`` (the last attempt: partial over nothing).
     ``progress["stored"]`` turns true once the verdict is in the store (the caller then never
     replaces it with a partial one if a later step, e.g. the comment, fails)."""
     from . import drain, reconcile
@@ -131,9 +137,11 @@ def finish_job(cfg: Config, slurm: SlurmAccess, store: Store, bundle_dir: str,
     finally:
         if stand_in:
             shutil.rmtree(adir, ignore_errors=True)
+    if not job.get("state") and verdict.cause == "unknown" and not allow_unknown:
+        # Never store a finished job as `unknown` only because its state was not known yet.
+        why = f"accounting unavailable ({acct_err})" if acct_err else "no final state in accounting or slurmctld yet"
+        raise AccountingPending(f"job state unknown: {why}")
     if acct_err:
-        if not job.get("state") and verdict.cause == "unknown":
-            raise AccountingPending(f"job state unknown: accounting unavailable ({acct_err})")
         verdict.coverage.append(Coverage(source="accounting", status="error",
                                          detail=f"sacct failed ({acct_err}); state from slurmctld"[:300]))
     verdict.coverage.extend(notes or [])

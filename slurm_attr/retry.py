@@ -105,8 +105,9 @@ def process(cfg: Config, key: str, slurm: Any = None, open_store: Callable[[Conf
                 try:
                     with time_limit(cfg.analysis.timeout_s):
                         store = open_store(cfg)
+                        last = int((intake.load(cfg, key) or {}).get("attempts") or 0) + 1 >= cfg.intake.max_attempts
                         finish_job(cfg, slurm, store, bdir, job_facts=facts, notes=_earlier_failures(cfg, key),
-                                   progress=progress)
+                                   progress=progress, allow_unknown=last)
                 except BaseException as err:
                     if not progress.get("stored") or isinstance(err, (KeyboardInterrupt, SystemExit)):
                         raise

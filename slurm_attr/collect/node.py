@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import stat
 import time
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from typing import Any
 from .. import safefs, spool
 from ..config import Config
 from ..errors import UnsafePath
-from . import journal, kernel, ledger, provenance, window
+from . import journal, kernel, ledger, provenance, sharedroot, window
 
 # The window comes from collect/window.py, never from a fixed look-back (issue 10: a 24 h
 # look-back re-read Xids that were already reported and handled, and drained again).
@@ -123,11 +124,13 @@ SPOOL_FULL_ERRNOS = (errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EFBIG, errno
 
 
 def copy_kind(job_dir: str, kind: str, dest: str, total_cap: int, file_cap: int, max_files: int,
-              deadline: float, tail: bool = False, budget: list[int] | None = None) -> SourceResult:
+              deadline: float, tail: bool = False, budget: list[int] | None = None,
+              own: sharedroot.Ownership | None = None) -> SourceResult:
     """Copy regular files of job_dir/kind into dest, bounded; symlinks and specials are skipped.
 
     ``budget`` is the job's remaining bytes on this node, shared by all kinds (one element,
     decremented). Sparse files are skipped with a note (their size is not what they cost the job).
+    ``own``: on a shared evidence root, only the files of this node's ranks (sharedroot.py).
     """
     res = SourceResult()
     t0 = time.monotonic()
@@ -140,6 +143,8 @@ def copy_kind(job_dir: str, kind: str, dest: str, total_cap: int, file_cap: int,
     sparse: list[str] = []
     for rel in entries:
         if not rel.startswith(kind + "/"):
+            continue
+        if own is not None and not own.keeps(kind, rel):
             continue
         if time.monotonic() > deadline:
             res.status, res.detail = "truncated", "time budget exhausted"
@@ -205,7 +210,7 @@ def remove_job_dir(root: str, job_id: str) -> str:
     return ""
 
 
-def read_rank_map(root: str, job_id: str, node: str) -> dict[str, list[int]]:
+def read_rank_map(root: str, job_id: str, node: str, remove: bool = True) -> dict[str, list[int]]:
     """{step: [global ranks]} that ran on this node, from the plugin's root-owned files.
 
     The plugin writes ``<job>.ranks.<step>.<nodeid>`` with lines
@@ -245,7 +250,7 @@ def read_rank_map(root: str, job_id: str, node: str) -> dict[str, list[int]]:
             if nodeid < len(hosts) and hosts[nodeid] == node:
                 mine = True
                 out.setdefault(parts[0], set()).add(int(parts[1]))
-        if mine:
+        if mine and remove:
             try:
                 os.unlink(os.path.join(root, name))
             except OSError:
@@ -301,8 +306,20 @@ def cleanup(cfg: Config, job: NodeJob) -> tuple[dict[str, list[int]], str]:
     ours, why = job_dir_owner_ok(cfg.paths.evidence_root, job.job_id, job.uid)
     if not ours:
         return ranks, why
+    if _other_nodes_pending(cfg.paths.evidence_root, job.job_id):
+        # A shared evidence root: the job's other nodes still collect their ranks' files from
+        # this dir; the last node's epilog removes it.
+        return ranks, ""
     err = remove_job_dir(cfg.paths.evidence_root, job.job_id) if cfg.collect.remove_job_dir else ""
     return ranks, err
+
+
+def _other_nodes_pending(root: str, job_id: str) -> bool:
+    """Rank maps of this job left after ours were consumed: other nodes share this root."""
+    try:
+        return any(kind == "file" and n.startswith(f"{job_id}.ranks.") for n, kind in safefs.list_dir(root))
+    except UnsafePath:
+        return False
 
 
 def _spool_full(err: OSError) -> bool:
@@ -384,9 +401,12 @@ def collect_node(cfg: Config, job: NodeJob, window: kernel.KernelWindow | None =
                         "probe": (c.probe_cap_bytes, c.probe_cap_bytes, False),
                         "nccl": (c.nccl_cap_bytes, c.nccl_cap_bytes, True)}
                 budget = [c.job_cap_bytes]  # one cap for the whole job on this node, besides each kind's
+                # Read, not consumed: clean-up removes the map files once collection is over.
+                own = sharedroot.ownership(read_rank_map(cfg.paths.evidence_root, job.job_id, job.node,
+                                                         remove=False), socket.gethostname())
                 for kind, (total, per_file, tail) in caps.items():
                     sources[kind] = copy_kind(job_dir, kind, os.path.join(node_dir, kind), total, per_file,
-                                              c.max_files, deadline, tail=tail, budget=budget).to_dict()
+                                              c.max_files, deadline, tail=tail, budget=budget, own=own).to_dict()
     except OSError as err:
         if not _spool_full(err):
             raise

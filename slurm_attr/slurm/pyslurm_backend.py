@@ -160,7 +160,8 @@ def sacct_row(job: Any) -> dict[str, str]:
         "DerivedExitCode": f"{_attr(job, 'derived_exit_code') or 0}:{_attr(job, 'derived_exit_code_signal') or 0}",
         "Start": _slurm_time(_attr(job, "start_time")), "End": _slurm_time(_attr(job, "end_time")),
         "Elapsed": _duration(_attr(job, "elapsed_time")),
-        "Timelimit": ("Partition_Limit" if limit == "PartitionLimit" else
+        # No limit of its own (NO_VAL): sacct -P prints nothing; INFINITE: UNLIMITED.
+        "Timelimit": ("" if limit == "PartitionLimit" else
                       "UNLIMITED" if limit is None else _duration(int(limit) * 60)),
     }
     return {k: row[k] for k in SACCT_FIELDS}

@@ -42,3 +42,47 @@ def test_rank_zero_is_judged_on_the_first_real_step():
 
 def test_no_rank_map_means_no_filter():
     assert ownership({}, "gpu-a") is None
+
+
+def test_two_nodes_on_one_shared_root_collect_each_file_once(tmp_path, monkeypatch):
+    """Both node epilogs read one evidence root (a shared filesystem): the bundle has every
+    rank's dump exactly once, each under the node that ran the rank, and the dir goes last."""
+    import os
+    import time
+
+    from slurm_attr.collect import node as nodemod
+    from slurm_attr.config import Config
+
+    cfg = Config()
+    cfg.paths.evidence_root = str(tmp_path / "evidence")
+    cfg.paths.spool = str(tmp_path / "spool")
+    cfg.paths.node_state = str(tmp_path / "state")
+    cfg.collect.kernel_source = "file"
+    cfg.collect.kernel_file = str(tmp_path / "kern-%n.log")
+    d = tmp_path / "evidence" / "42"
+    for k in ("fr", "probe", "nccl"):
+        (d / k).mkdir(parents=True)
+    for r in range(4):
+        (d / "fr" / f"nccl_trace_rank_{r}").write_bytes(b"\x80\x04" + bytes([r]) * 100)
+        (d / "probe" / f"rank{r}.pid{100 + r}.probe").write_bytes(b"P" * 64)
+    (d / "nccl" / "nccl.gpu-a.100.log").write_text("gpu-a:100:1 [0] NCCL WARN x\n")
+    (d / "nccl" / "nccl.gpu-b.200.log").write_text("gpu-b:200:1 [0] NCCL WARN y\n")
+    # The plugin's root-owned rank maps: step 0 on n[1-2], ranks 0,1 on n1 and 2,3 on n2.
+    for nodeid, ranks in ((0, (0, 1)), (1, (2, 3))):
+        (tmp_path / "evidence" / f"42.ranks.0.{nodeid}").write_text(
+            "".join(f"0 {r} {nodeid} n[1-2]\n" for r in ranks))
+    if os.geteuid() != 0:  # the collector trusts only root-owned maps
+        import pytest
+        pytest.skip("needs root to own the rank maps")
+    hosts = {"n1": "gpu-a", "n2": "gpu-b"}
+    for n in ("n1", "n2"):
+        monkeypatch.setattr(nodemod.socket, "gethostname", lambda n=n: hosts[n])
+        nodemod.collect_node(cfg, nodemod.NodeJob(job_id="42", node=n, bundle_key="42", start=time.time() - 5))
+        if n == "n1":
+            assert d.exists(), "the first node removed a dir its peer still collects from"
+    nodes = tmp_path / "spool" / "bundles" / "42" / "nodes"
+    got = {n: sorted(os.listdir(nodes / n / "fr")) for n in ("n1", "n2")}
+    assert got == {"n1": ["nccl_trace_rank_0", "nccl_trace_rank_1"], "n2": ["nccl_trace_rank_2", "nccl_trace_rank_3"]}
+    assert sorted(os.listdir(nodes / "n1" / "probe")) == ["rank0.pid100.probe", "rank1.pid101.probe"]
+    assert sorted(os.listdir(nodes / "n2" / "nccl")) == ["nccl.gpu-b.200.log"]
+    assert not d.exists()

@@ -266,3 +266,23 @@ def test_crash_with_the_kernel_window_lost_still_names_the_drained_gpu(cfg, monk
     assert retry.process(cfg, "101", slurm=JobSlurm(sacct_state="FAILED", ctl_state="FAILED",
                                                     exit_code="1:0")) == "partial"
     assert _stored(cfg, "101").cause != "gpu_hardware"
+
+
+def test_accounting_catching_up_without_a_final_state_asks_slurmctld(cfg):
+    """After an outage slurmdbd answers but has no final state yet: slurmctld's word is taken."""
+    _job(cfg)
+    slurm = JobSlurm(sacct_state="RUNNING", ctl_state="COMPLETED")
+    assert retry.process(cfg, "100", slurm=slurm) == "stored"
+    v = _stored(cfg, "100")
+    assert v.cause == "none" and Store(cfg.paths.database).job("100")["state"] == "COMPLETED"
+    # Near miss: neither says the state -> not stored as `unknown`, left pending ...
+    _job(cfg, key="101")
+    undecided = JobSlurm(sacct_state="RUNNING", ctl_state=None)
+    assert retry.process(cfg, "101", slurm=undecided) == "pending"
+    assert "no final state" in intake.load(cfg, "101")["last_error"]
+    with pytest.raises(Exception):
+        _stored(cfg, "101")
+    # ... until its last attempt, which stores what there is (partial over nothing).
+    cfg.intake.max_attempts = 2
+    assert retry.retry_due(cfg, slurm=undecided, everything=True) == {"101": "stored"}
+    assert _stored(cfg, "101").cause == "unknown"

@@ -187,6 +187,8 @@ def test_sacct_row_has_the_cli_fields_and_formats():
     assert row["JobID"] == row["JobIDRaw"] == "41"
     assert row["State"] == "FAILED" and row["ExitCode"] == "1:0" and row["NodeList"] == "n[1-2]"
     assert row["Elapsed"] == "00:01:05" and row["Timelimit"] == "UNLIMITED"
+    # no limit of its own (NO_VAL, the partition's applies): sacct -P prints nothing
+    assert pb.sacct_row(finished_job(time_limit="PartitionLimit"))["Timelimit"] == ""
     # what the analysis takes from it is what it takes from `sacct -P`
     from_cli = dict(zip(SACCT_FIELDS, "41|41|sattrtest|debug|n[1-2]|FAILED|1:0|0:0|x|y|00:01:05|UNLIMITED".split("|")))
     a = controller.refresh_state({"job_id": "41"}, row)

@@ -4,8 +4,8 @@
 # root without systemd, with the slurm-attr SPANK plugin and epilogs wired in.
 #
 # Each pretend node runs in its own mount namespace, so it does not share what real nodes do
-# not share: its evidence root, /tmp, /var/tmp and its kernel-log source are private bind
-# mounts of $BASE/nodes/<node>/ (the kernel source of node N is $BASE/kernel/N.log, seen by
+# not share: its evidence root, /tmp, /var/tmp, its node-local state and its kernel-log source are
+# private bind mounts of $BASE/nodes/<node>/ (the kernel source of node N is $BASE/kernel/N.log, seen by
 # that node alone as $BASE/node/kernel.log). The spool and the job's working dirs stay
 # shared, as on a real cluster.
 #
@@ -26,7 +26,7 @@ CONF=$BASE/etc/slurm.conf
 PIDS=$BASE/run/started.pids      # "name pid" per line: what we started and may stop
 VENV=$BASE/venv
 PY=$VENV/bin/python
-NODE_LAYOUT="mountns-v1"
+NODE_LAYOUT="mountns-v2"
 
 log() { printf 'testcluster: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
@@ -156,8 +156,11 @@ write_config() {
     mkdir -p "$BASE"/{etc,run,log,state,spool,hooks,kernel,evidence,attr,node} "$BASE"/attr/spool
     chmod 755 "$BASE" "$BASE/evidence"
     touch "$BASE/node/kernel.log"   # the mount point of each node's own kernel source
+    mkdir -p "$BASE/node/state"     # ... and of its node-local state (the attributed-lines ledger)
     for n in "${NODES[@]}"; do
-        mkdir -p "$BASE/spool/slurmd-$n" "$BASE/nodes/$n/evidence" "$BASE/nodes/$n/tmp" "$BASE/nodes/$n/var-tmp"
+        mkdir -p "$BASE/spool/slurmd-$n" "$BASE/nodes/$n/evidence" "$BASE/nodes/$n/tmp" "$BASE/nodes/$n/var-tmp" \
+            "$BASE/nodes/$n/state"
+        chmod 700 "$BASE/nodes/$n/state"
         chmod 755 "$BASE/nodes/$n" "$BASE/nodes/$n/evidence"
         chmod 1777 "$BASE/nodes/$n/tmp" "$BASE/nodes/$n/var-tmp"
         touch "$BASE/kernel/$n.log"
@@ -188,6 +191,7 @@ database = "$BASE/attr/sattr.db"
 slurm_conf = "$CONF"
 slurm_bin = "/usr/bin"
 comment_tool = "$BASE/lib/sattr-comment"
+node_state = "$BASE/node/state"
 
 [collect]
 kernel_source = "file"
@@ -365,6 +369,7 @@ start_slurmd() {  # start_slurmd NODE: slurmd in a mount namespace of its own (s
         mount --bind "$1/tmp" /tmp
         mount --bind "$1/var-tmp" /var/tmp
         mount --bind "$2/kernel/$3.log" "$2/node/kernel.log"
+        mount --bind "$1/state" "$2/node/state"
         exec slurmd -f "$4" -N "$3"' sh "$d" "$BASE" "$n" "$CONF" 9>&- \
         || die "slurmd $n did not start in its namespace"
 }

@@ -204,6 +204,9 @@ time_budget_s = 20
 
 [analysis]
 node_wait_s = 20
+
+[intake]
+queue_dir = "$BASE/attr/pending"
 EOF
 
     cat > "$BASE/etc/plugstack.conf.new" <<EOF

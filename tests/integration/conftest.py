@@ -127,6 +127,17 @@ class Cluster:
         state, _, reason = (out[0] if out else "|").partition("|")
         return state, reason
 
+    def wait_running(self, job_id: str, timeout: float = 180) -> None:
+        """Until the job is RUNNING (scheduling on a loaded 2-core machine can take a while)."""
+        deadline = time.monotonic() + timeout
+        state = ""
+        while time.monotonic() < deadline:
+            state = self.run(["squeue", "-h", "-j", str(job_id), "-o", "%T"], check=False).stdout.strip()
+            if state == "RUNNING":
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"job {job_id} did not start (state {state!r})")
+
     def wait_idle(self, nodes: list[str], timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         states = {}

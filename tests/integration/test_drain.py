@@ -129,16 +129,6 @@ def _job_decisions(cluster, jobs):
     return [d for d in data["decisions"] if d["job_id"] in set(jobs)]
 
 
-def _wait_running(cluster, job: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        out = cluster.run(["squeue", "-h", "-j", job, "-o", "%T"], check=False).stdout.strip()
-        if out == "RUNNING":
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"job {job} did not start within {timeout}s")
-
-
 def _wait_collected(cluster, job: str, node: str, timeout: float = 60) -> None:
     path = cluster.bundle(job) / "nodes" / node / "collect.json"
     deadline = time.monotonic() + timeout
@@ -167,7 +157,7 @@ def _epilog_ends(cluster, job: str) -> dict[str, tuple[float, float, str]]:
 def _fatal_job(cluster, lines: KernelLines, node: str, sleep: float = 3) -> str:
     """A job on `node` alone whose kernel log gets a fatal Xid while it runs; returns its id."""
     job = cluster.sbatch(f"#!/bin/bash\n#SBATCH -N1 -w {node} --exclusive\nsleep {sleep}\nexit 1\n", user="sattrtest")
-    _wait_running(cluster, job)
+    cluster.wait_running(job)
     lines.fatal(node)
     return job
 
@@ -228,7 +218,7 @@ def test_fatal_xid_drains_node_before_its_epilog_ends_never_idle(cluster, clean)
 
 def _fast_path_scenario(cluster, clean):
     job = cluster.sbatch("#!/bin/bash\n#SBATCH -N1 -w n2 --exclusive\nsleep 3\nexit 1\n", user="sattrtest")
-    _wait_running(cluster, job)
+    cluster.wait_running(job)
     poller = StatePoller(cluster, "n2")
     poller.start()
     clean.fatal("n2")
@@ -284,7 +274,7 @@ def _fast_path_scenario(cluster, clean):
 
 def test_admin_drained_node_stays_exactly_as_it_was(cluster, clean):
     job = cluster.sbatch("#!/bin/bash\n#SBATCH -N1 -w n3 --exclusive\nsleep 3\nexit 1\n", user="sattrtest")
-    _wait_running(cluster, job)
+    cluster.wait_running(job)
     admin_reason = "admin: bad fan, ticket 4711"
     cluster.run(["scontrol", "update", "NodeName=n3", "State=DRAIN", f"Reason={admin_reason}"])
     try:
@@ -340,7 +330,7 @@ def test_cap_two_five_hardware_verdicts_two_drains_three_blocked(cluster, clean)
         jobs = [cluster.sbatch(f"#!/bin/bash\n#SBATCH -N1 -w {n} --exclusive\nsleep 3\nexit 1\n", user="sattrtest")
                 for n in NODES]
         for job, n in zip(jobs, NODES):
-            _wait_running(cluster, job)
+            cluster.wait_running(job)
             clean.fatal(n)
         for job, n in zip(jobs, NODES):
             cluster.verdict(job)
@@ -371,7 +361,7 @@ def test_cap_two_five_hardware_verdicts_two_drains_three_blocked(cluster, clean)
 def test_dry_run_drains_nothing_and_records_everything(cluster, clean):
     with drain_settings(cluster, dry_run=True):
         job = cluster.sbatch("#!/bin/bash\n#SBATCH -N1 -w n2 --exclusive\nsleep 3\nexit 1\n", user="sattrtest")
-        _wait_running(cluster, job)
+        cluster.wait_running(job)
         poller = StatePoller(cluster, "n2", interval=0.2)
         poller.start()
         clean.fatal("n2")
@@ -408,17 +398,19 @@ def test_fatal_xid_only_in_job_stdout_drains_nothing(cluster, clean):
 
 
 def test_other_user_cannot_read_the_verdict(cluster):
-    job = cluster.sbatch("#!/bin/bash\n#SBATCH -N1\nexit 3\n", user="sattrtest")
+    job = cluster.sbatch("#!/bin/bash\n#SBATCH -N1\necho 'ValueError: bad learning rate' >&2\nexit 3\n",
+                         user="sattrtest")
     cluster.wait_state(job)
-    cluster.verdict(job)
-    _wait_comment(cluster, job)  # users read their verdict from the job comment
+    cause = cluster.verdict(job)["cause"]
+    _wait_comment(cluster, job)
     other = sattr(cluster, job, user="sattrother")
     assert other.returncode == 5, (other.stdout, other.stderr)
     assert "belongs to another user" in other.stderr
-    assert "user_error" not in other.stdout
+    assert cause not in other.stdout
+    # The owner reads the root-written copy of the verdict (never the free-text Comment).
     owner = sattr(cluster, job, user="sattrtest")
     assert owner.returncode == 0, owner.stderr
-    assert "user_error" in owner.stdout and f"Job {job}" in owner.stdout
+    assert f"Verdict: {cause}" in owner.stdout and f"Job {job}" in owner.stdout
     # Operators' commands say clearly that they are for admins.
     denied = sattr(cluster, "drains", user="sattrother")
     assert denied.returncode == 5 and "for admins" in denied.stderr

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from test_drain import NODES, KernelLines, _atomic_write, _ours, _wait_no_sattr_drains, _wait_running, sattr
+from test_drain import NODES, KernelLines, _atomic_write, _ours, _wait_no_sattr_drains, sattr
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -225,7 +225,7 @@ def _run_jobs_with_fatal(cluster, lines, plain=3, fail_one=True):
     fatal = cluster.sbatch(f"#!/bin/bash\n#SBATCH -N1 -w {FATAL_NODE} --exclusive\nsleep 3\nexit 1\n", user="sattrtest")
     jobs.append(fatal)
     nodes_of[fatal] = [FATAL_NODE]
-    _wait_running(cluster, fatal)
+    cluster.wait_running(fatal)
     poller = Poller(cluster, FATAL_NODE)
     poller.start()
     running_at = time.time()
@@ -459,7 +459,8 @@ def test_soak_many_jobs_with_lock_accounting_stop_and_full_spool(cluster, scene)
             fj, nodes_of, fatal, poller, running_at = _run_jobs_with_fatal(cluster, scene, plain=0)
             jobs += fj
             _check_epilogs_and_drain(cluster, fj, nodes_of, fatal, poller, running_at, scene, "soak")
-            _wait_ended(cluster, jobs, timeout=600)
+            # This test cluster starts ~12 such jobs a minute (6 CPUs, the scheduler's pace): 200 take long.
+            _wait_ended(cluster, jobs, timeout=1500)
         resume.join()
         holder.wait(60)
         cleared = time.time()  # lock over, accounting back, spool unmounted

@@ -46,15 +46,6 @@ def injected(cluster):
         _sattr(cluster, "breaker", "reset", "--reason", "test_reason end")
 
 
-def _wait_running(cluster, job: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cluster.run(["squeue", "-h", "-j", job, "-o", "%T"], check=False).stdout.strip() == "RUNNING":
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"job {job} did not start")
-
-
 def test_output_claiming_an_xid_with_a_clean_kernel_log_is_the_programs_traceback(cluster, injected):
     # The job prints a kernel-style Xid 79 for its own GPU, then dies of its own KeyError.
     script = ("#!/bin/bash\n#SBATCH -N1 -w n2\n"
@@ -73,7 +64,7 @@ def test_output_claiming_an_xid_with_a_clean_kernel_log_is_the_programs_tracebac
 def test_completed_job_with_an_xid_during_it_is_none_and_the_node_is_drained(cluster, injected):
     # Issue 12 item 7: the job's cause (it completed) and the node's health (a fatal Xid) are separate.
     job = cluster.sbatch("#!/bin/bash\n#SBATCH -N1 -w n3\nsleep 3\necho done\n", user="sattrtest")
-    _wait_running(cluster, job)
+    cluster.wait_running(job)
     time.sleep(0.5)
     injected("n3")
     assert cluster.wait_state(job) == "COMPLETED"

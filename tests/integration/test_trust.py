@@ -71,15 +71,6 @@ def lines(cluster):
         _sattr(cluster, "breaker", "reset", "--reason", "test_trust end")
 
 
-def _wait_running(cluster, job: str, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cluster.run(["squeue", "-h", "-j", job, "-o", "%T"], check=False).stdout.strip() == "RUNNING":
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"job {job} did not start")
-
-
 def _wait_collected(cluster, job: str, node: str, timeout: float = 120) -> str:
     """The node's collect.json once its epilog wrote it (it is written last)."""
     path = cluster.bundle(job) / "nodes" / node / "collect.json"
@@ -111,7 +102,7 @@ def test_opted_out_job_with_a_fresh_xid_during_the_job_is_drained(cluster, lines
     # Near miss of the above: the same line, written while the job runs.
     job = cluster.run(["sbatch", "--parsable", "-N1", "-w", "n2", "--exclusive", "--wrap", "sleep 3; exit 0"],
                       user="sattrtest", env={"SLURM_ATTR": "off"}, cwd=cluster.workdir("sattrtest")).stdout.strip()
-    _wait_running(cluster, job)
+    cluster.wait_running(job)
     time.sleep(0.5)
     lines.xid("n2")
     cluster.wait_state(job)
@@ -166,8 +157,8 @@ def test_an_xid_two_jobs_read_is_one_drain_and_the_second_jobs_context(cluster, 
                     user="sattrtest", cwd=work).stdout.strip()
     b = cluster.run(["sbatch", "--parsable", "-N1", "-n1", "-w", "n2", "--wrap", "sleep 9; exit 1"],
                     user="sattrtest", cwd=work).stdout.strip()
-    _wait_running(cluster, a)
-    _wait_running(cluster, b)
+    cluster.wait_running(a)
+    cluster.wait_running(b)
     line = lines.xid("n2")
     cluster.wait_state(a)
     cluster.wait_state(b)

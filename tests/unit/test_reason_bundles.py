@@ -28,7 +28,8 @@ def test_every_class_has_a_positive_case_and_a_near_miss():
     for name in CASES:
         t = json.loads((BUNDLES / name / "truth.json").read_text())
         classes[t["class"]] = classes.get(t["class"], 0) + 1
-    assert set(classes) == {"contradiction", "first_failure", "node_health", "no_evidence", "attempt", "network_vote"}
+    assert set(classes) == {"contradiction", "first_failure", "node_health", "no_evidence", "attempt", "network_vote",
+                            "missing_dump"}
     assert all(n >= 2 for n in classes.values()), classes
 
 

@@ -315,7 +315,7 @@ stop() {
         grep -q " $stray\$" "$PIDS" 2>/dev/null || echo "$(cat /proc/$stray/comm 2>/dev/null || echo x) $stray" >> "$PIDS"
     done
     [ -s "$PIDS" ] || return 0
-    SLURM_CONF=$CONF timeout 10 scancel --full --user=root 2>/dev/null || true
+    cancel_all
     local name pid comm
     # Reverse start order: slurmd, slurmctld, slurmdbd, mariadbd, munged.
     tac "$PIDS" | while read -r name pid; do
@@ -377,6 +377,13 @@ start_slurmd() {  # start_slurmd NODE: slurmd in a mount namespace of its own (s
         || die "slurmd $n did not start in its namespace"
 }
 
+cancel_all() {  # every user's jobs: a job left running in slurmctld's state keeps its node busy
+    local ids
+    ids=$(SLURM_CONF=$CONF timeout 10 squeue -h -o %A 2>/dev/null) || return 0
+    [ -n "$ids" ] && SLURM_CONF=$CONF timeout 10 scancel --full $ids 2>/dev/null
+    return 0
+}
+
 resume_leftovers() {
     # Drains left by an earlier run (ours or a test's) would keep nodes from going idle.
     local n st
@@ -390,6 +397,8 @@ wait_idle() {
     for i in $(seq 300); do
         nodes_idle && return 0
         [ $((i % 20)) = 10 ] && resume_leftovers
+        # Jobs recovered from the state of a run that was killed (not stopped) hold their nodes.
+        [ "$i" = 50 ] && cancel_all
         sleep 0.1
     done
     SLURM_CONF=$CONF sinfo -N -o '%N %T %E' >&2 || true

@@ -116,6 +116,8 @@ run() {
     ip netns exec "$ns" sh -c "ip link set lo up && ip addr add 10.252.$i.2/30 dev eth0 && ip link set eth0 up"
     # The tests as they run on 22.05, minus the ones that need torch in the root.
     local inner="set -e; cd /src
+        # Stopped, not killed with the namespace: no job is left in slurmctld's saved state.
+        trap 'bash cluster/testcluster.sh down >/dev/null 2>&1' EXIT
         make -s -C spank all test
         bash cluster/testcluster.sh up
         SATTR_DEMO_FR=0 bash cluster/demo.sh

@@ -31,7 +31,7 @@ from . import drain, safefs
 from .config import Config
 from .errors import SlurmError, UnsafePath
 from .model import Action, Symptom, Verdict
-from .slurmstate import BLOCK_ALREADY, BLOCK_BREAKER, NOT_OURS, SlurmView, limit_check
+from .slurmstate import BLOCK_ALREADY, BLOCK_BREAKER, NOT_OURS, SlurmView, beyond_caps, limit_check
 
 log = logging.getLogger("slurm_attr")
 
@@ -180,6 +180,40 @@ def _decide(cfg: Config, act: Action, slurm: Any) -> None:
         act.blocked_by = err
         return
     act.applied = True
+    if used == "drain":
+        _verify_caps(cfg, act, slurm)
+
+
+# Nodes whose drains land in the same second are ordered by name; a second look after this
+# long sees every drain of such a burst, so the node ranked past a cap finds out.
+SETTLE_S = 1.0
+
+
+def _verify_caps(cfg: Config, act: Action, slurm: Any) -> None:
+    """Drain first, then check the breaker's caps against every drain Slurm now shows; a node
+    ranked past a cap resumes itself (its own drain, just set) and counts as blocked."""
+    node = act.node or ""
+    for wait in (0.0, SETTLE_S):
+        time.sleep(wait)
+        try:
+            view = slurm_view(slurm)
+        except SlurmError as err:
+            log.warning("fast path: could not re-read Slurm after draining %s: %s", node, err)
+            return
+        why = beyond_caps(view, node, cfg.drain.max_drains, cfg.drain.window_s, cfg.drain.max_partition_percent)
+        if not why:
+            continue
+        st = view.nodes.get(node)
+        if st is None or not st.ours or (st.reason or "") != act.reason:
+            return  # not our drain any more (an admin acted): leave it as it is
+        try:
+            slurm.resume(node)
+        except SlurmError as err:
+            log.error("fast path: %s; resuming %s failed: %s", why, node, err)
+            return
+        log.warning("fast path: circuit breaker after a concurrent burst: %s; %s resumed", why, node)
+        act.applied, act.blocked_by = False, BLOCK_BREAKER
+        return
 
 
 def slurm_view(slurm: Any) -> SlurmView:

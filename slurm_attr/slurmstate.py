@@ -206,3 +206,35 @@ def limit_check(view: SlurmView, node: str, partitions: Iterable[str], max_drain
             return (f"draining {node} would hold {len(after)} of {u['total']} nodes of partition {p} "
                     f"(max {max_partition_percent:g}% = {allowed})")
     return ""
+
+
+def beyond_caps(view: SlurmView, node: str, max_drains: int, window_s: float, max_partition_percent: float,
+                since: float | None = None, now: float | None = None) -> str:
+    """After ``node`` drained itself: '' when it is within the caps, else why it is one too many.
+
+    Epilogs that run at the same moment all pass ``limit_check`` before any of them drains:
+    there is no shared database to claim a slot in. Slurm's reasons are the one record every
+    node sees, so each node, once its own drain shows, ranks all our drains in the window by
+    (reason time, node name): the same order on every node. The ones past a cap undo their own
+    drain, and exactly the first ``max_drains`` stay.
+    """
+    now = time.time() if now is None else now
+    start = max(now - window_s, since or 0.0)
+    def order(n: str) -> tuple[float, str]:
+        return (view.reason_times.get(n, now), n)
+    recent = sorted(set(view.drains_since(start)) | {node}, key=order)
+    if recent.index(node) >= max_drains:
+        return (f"{recent.index(node) + 1}th automatic drain in the last {int(window_s)}s per Slurm's reasons "
+                f"(max {max_drains}): {','.join(recent[:8])}")
+    st = view.nodes.get(node)
+    usage = view.partition_usage()
+    for p in (st.partitions if st else ()):
+        u = usage.get(p)
+        if u is None:
+            continue
+        allowed = partition_allowance(u["total"], max_partition_percent)
+        ranked = sorted(set(u["ours"]) | {node}, key=order)
+        if ranked.index(node) >= allowed:
+            return (f"{node} would be drain {ranked.index(node) + 1} of {u['total']} nodes of partition {p} "
+                    f"(max {max_partition_percent:g}% = {allowed})")
+    return ""

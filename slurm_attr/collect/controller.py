@@ -221,7 +221,9 @@ def write_controller_part(bundle_dir: str, job: dict[str, Any], output_cap: int,
             continue
         data, status, detail = tail_output(path, job.get("uid"), output_cap)
         coverage[name] = {"status": status, "bytes": len(data), "detail": detail}
-        if data:
+        # An empty output read whole is evidence too ("the program printed nothing"), unlike a
+        # missing one: write it, so the analysis can tell the two apart.
+        if data or status == "ok":
             spool.ensure_dir(outdir)
             _write(os.path.join(outdir, name), data)
     if log_paths and job.get("slurm_job_id"):

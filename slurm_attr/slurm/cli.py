@@ -62,6 +62,9 @@ def parse_delimited_comments(text: str, delim: str) -> dict[str, str]:
         pos = m.end()
 
 
+# slurmdbd's answer (Slurm 24.11 and later) to a job modify that matched no change.
+_UNCHANGED = "Request didn't affect anything"
+
 class CliSlurm:
     def __init__(self, slurm_bin: str = "/usr/bin", slurm_conf: str = "", timeout: float = 15.0,
                  comment_tool: str = ""):
@@ -179,6 +182,13 @@ class CliSlurm:
             raise SlurmUnavailable(f"accounting has no record of job {job_id} yet")
         if proc.returncode == 3:
             raise SlurmUnavailable(f"sattr-comment: {msg}", stderr=msg, returncode=3)
+        if proc.returncode != 0 and _UNCHANGED in msg:
+            # Slurm 24.11+ answers a modify that changed no row this way, where 22.05 said
+            # "nothing modified" (exit 4): either the value is already there, or accounting has
+            # no record of the job yet.
+            if self.job_comment(job_id, field) == text:
+                return
+            raise SlurmUnavailable(f"accounting has no record of job {job_id} yet")
         if proc.returncode != 0:
             raise SlurmError(f"sattr-comment: {msg or 'exit ' + str(proc.returncode)}", stderr=msg,
                              returncode=proc.returncode)

@@ -17,9 +17,12 @@ checks that before anything is used, and ``select.py`` falls back to the CLI oth
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pwd
+import select
+import signal
 import time
 from typing import Any, Callable
 
@@ -183,6 +186,9 @@ class PyslurmSlurm:
     """SlurmAccess through pyslurm; ``cli`` answers what pyslurm does not (see the top)."""
 
     name = "pyslurm"
+    # Accounting calls run in a child under the timeout (see _bounded); a test's in-process
+    # stand-in for pyslurm turns it off to see the calls.
+    isolate = True
 
     def __init__(self, mod: Any, cli: CliSlurm):
         self.ps = mod
@@ -190,11 +196,12 @@ class PyslurmSlurm:
         self.timeout = cli.timeout
 
     # -- plumbing -------------------------------------------------------------------
-    def _call(self, what: str, fn: Callable[[], Any], fallback: Callable[[], Any]) -> Any:
+    def _call(self, what: str, fn: Callable[[], Any], fallback: Callable[[], Any], bounded: bool = False) -> Any:
         """fn() with pyslurm's errors typed as the CLI's; anything else pyslurm raises is a
-        surprise of the binding itself: logged, and the CLI answers instead."""
+        surprise of the binding itself: logged, and the CLI answers instead. ``bounded``: run
+        it in a child under the backend's timeout (accounting calls; fn's result is JSON)."""
         try:
-            return fn()
+            return self._bounded(what, fn) if bounded and self.isolate else fn()
         except self.ps.RPCError as err:
             msg = str(err)
             cls = SlurmUnavailable if any(s in msg for s in _UNREACHABLE) else SlurmError
@@ -204,6 +211,64 @@ class PyslurmSlurm:
         except Exception as err:  # noqa: BLE001 - the binding, not Slurm, failed: use the CLI
             log.warning("pyslurm %s failed (%s: %s); using the Slurm CLI", what, type(err).__name__, err)
             return fallback()
+
+    def _bounded(self, what: str, fn: Callable[[], Any]) -> Any:
+        """fn() in a forked child, given up after ``self.timeout``. A slurmdbd that stopped
+        answering blocks libslurm inside C, where neither SIGALRM nor a thread can end the call
+        (the hooks' analysis would hang past its own limit); a child can be killed."""
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child: one answer as JSON on the pipe, then out without cleanup
+            code = 0
+            try:
+                os.close(r)
+                try:
+                    out: dict[str, Any] = {"ok": fn()}
+                except self.ps.RPCError as err:
+                    out = {"rpc": str(err)}
+                except SlurmUnavailable as err:
+                    out = {"unavailable": str(err)}
+                except SlurmError as err:
+                    out = {"slurm": str(err)}
+                except BaseException as err:  # noqa: BLE001 - reported to the parent
+                    out = {"other": f"{type(err).__name__}: {err}"}
+                view = memoryview(json.dumps(out).encode())
+                while view:
+                    view = view[os.write(w, view):]
+            except BaseException:  # noqa: BLE001 - nothing may escape a forked child
+                code = 1
+            os._exit(code)
+        os.close(w)
+        buf = bytearray()
+        deadline = time.monotonic() + self.timeout
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    os.kill(pid, signal.SIGKILL)
+                    raise SlurmUnavailable(f"pyslurm {what}: no answer in {self.timeout:.0f}s")
+                ready, _, _ = select.select([r], [], [], left)
+                if ready:
+                    chunk = os.read(r, 1 << 16)
+                    if not chunk:
+                        break
+                    buf += chunk
+        finally:
+            os.close(r)
+            os.waitpid(pid, 0)
+        try:
+            out = json.loads(bytes(buf))
+        except ValueError:
+            out = {"other": "the child gave no answer"}
+        if "ok" in out:
+            return out["ok"]
+        if "rpc" in out:
+            raise self.ps.RPCError(out["rpc"])
+        if "unavailable" in out:
+            raise SlurmUnavailable(out["unavailable"])
+        if "slurm" in out:
+            raise SlurmError(out["slurm"])
+        raise RuntimeError(out.get("other", "unknown failure"))
 
     def run(self, tool: str, *args: str) -> str:
         return self.cli.run(tool, *args)
@@ -236,7 +301,7 @@ class PyslurmSlurm:
         def get() -> dict[str, str] | None:
             job = self._db_jobs([job_id]).get(job_id)
             return sacct_row(job) if job is not None else None
-        return self._call("db.Jobs.load", get, lambda: self.cli.sacct_job(job_id))
+        return self._call("db.Jobs.load", get, lambda: self.cli.sacct_job(job_id), bounded=True)
 
     def job_comment(self, job_id: str, field: str) -> str | None:
         return self.job_comments([job_id], field).get(job_id)
@@ -253,7 +318,7 @@ class PyslurmSlurm:
                     # A job in accounting with no comment reads as "", as sacct prints it.
                     out[k] = str(_attr(job, attr) or "")
             return out
-        return self._call("db.Jobs.load", get, lambda: self.cli.job_comments(job_ids, field))
+        return self._call("db.Jobs.load", get, lambda: self.cli.job_comments(job_ids, field), bounded=True)
 
     def set_job_comment(self, job_id: str, field: str, text: str) -> None:
         if not job_id.isdigit():
@@ -270,7 +335,7 @@ class PyslurmSlurm:
                 if _NOTHING in str(err):
                     raise SlurmUnavailable(f"accounting has no record of job {job_id} yet") from err
                 raise
-        self._call("db.Jobs.modify", put, lambda: self.cli.set_job_comment(job_id, field, text))
+        self._call("db.Jobs.modify", put, lambda: self.cli.set_job_comment(job_id, field, text), bounded=True)
 
     # -- nodes ----------------------------------------------------------------------
     def show_node(self, node: str) -> dict[str, str] | None:

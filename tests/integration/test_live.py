@@ -88,7 +88,7 @@ exec {HARNESS} run --plugin "$lib" --out "$SLURM_ATTR_DIR/h" --scenario {scenari
         f = best[0]
         assert (f["ranks"], f["nodes"], f["source"]) == (ranks, [nodes[i] for i in node_idx], "snapshot")
         # users see it with `sattr live JOB` (and `sattr JOB` while no verdict exists)
-        out = cluster.run([str(REPO / ".venv" / "bin" / "sattr"), "live", job]).stdout
+        out = cluster.sattr("live", job, check=True).stdout
         assert f"[{cls}, world " in out, out
         # latency: the stall's last recorded event -> the finding (measured, not asserted)
         from datetime import datetime

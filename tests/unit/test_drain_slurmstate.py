@@ -83,3 +83,50 @@ def test_fast_view_uses_sinfo_when_the_backend_has_it():
     s.set_state("n1", "IDLE+DRAIN", "SATTR: a job 1")  # the fake stamps 2026-01-01
     assert fastpath.slurm_view(s).drains_since(time.time() - 60) == ["n1"]
     assert fastpath.slurm_view(FakeSlurm()).reason_times == {}
+
+
+def test_beyond_caps_ranks_a_burst_the_same_way_on_every_node():
+    """Four epilogs drained in the same second (each passed the check before the others drained):
+    every node ranks them (reason time, name) alike; exactly the first max_drains stay."""
+    now = time.time()
+    recs = [{"NodeName": f"n{i}", "State": "IDLE+DRAIN", "Partitions": "p",
+             "Reason": f"SATTR: gpu_hardware xid79 job {i} [root@{_stamp(now)}]"} for i in range(1, 5)]
+    view = SlurmView.build(recs)
+    beyond = [n for n in ("n1", "n2", "n3", "n4")
+              if slurmstate.beyond_caps(view, n, max_drains=2, window_s=3600, max_partition_percent=100, now=now)]
+    assert beyond == ["n3", "n4"]
+    # Near miss: an earlier drain outranks a later one whatever the names.
+    recs[3]["Reason"] = f"SATTR: gpu_hardware xid79 job 4 [root@{_stamp(now - 30)}]"
+    view = SlurmView.build(recs)
+    beyond = [n for n in ("n1", "n2", "n3", "n4")
+              if slurmstate.beyond_caps(view, n, max_drains=2, window_s=3600, max_partition_percent=100, now=now)]
+    assert beyond == ["n2", "n3"]
+    # The partition share counts the same way: 4 nodes at 50 % = 2 may be ours.
+    assert slurmstate.beyond_caps(view, "n1", max_drains=9, window_s=3600, max_partition_percent=50, now=now) == ""
+    assert "partition p" in slurmstate.beyond_caps(view, "n3", max_drains=9, window_s=3600,
+                                                   max_partition_percent=50, now=now)
+
+
+def test_fast_path_in_a_burst_undoes_its_own_drain_when_ranked_past_the_cap(monkeypatch):
+    from test_drain_fakes import drain_cfg
+    from slurm_attr.model import Action
+
+    monkeypatch.setattr(fastpath, "SETTLE_S", 0.0)
+    # As in a burst: the check before draining saw none of the others' drains yet.
+    monkeypatch.setattr(fastpath, "limit_check", lambda *a, **k: "")
+    s = FakeSlurm()
+    for n in ("n1", "n2", "n4"):
+        s.drain(n, f"SATTR: gpu_hardware xid79 job {n}")
+    cfg = drain_cfg(max_drains=2, window_s=3600)
+    act = Action(kind="drain", node="n3", reason="SATTR: gpu_hardware xid79 job 3", applied=False)
+    fastpath._decide(cfg, act, s)
+    assert not act.applied and act.blocked_by == slurmstate.BLOCK_BREAKER
+    assert "n3" not in s.drained() and ("resume", "n3") in s.calls
+    # Near miss: a node whose drain Slurm shows first keeps it (the others' stamps are later).
+    s.resume("n2")
+    later = _stamp(time.time() + 60)
+    for n in ("n1", "n4"):
+        s.recs[n]["Reason"] = f"SATTR: gpu_hardware xid79 job {n} [root@{later}]"
+    act2 = Action(kind="drain", node="n2", reason="SATTR: gpu_hardware xid79 job 2", applied=False)
+    fastpath._decide(cfg, act2, s)
+    assert act2.applied and "n2" in s.drained()

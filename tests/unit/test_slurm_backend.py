@@ -7,6 +7,7 @@ against the real cluster in tests/integration/test_slurm_backends.py.
 from __future__ import annotations
 
 import os
+import time
 import types
 
 import pytest
@@ -103,7 +104,23 @@ class RecordingCli(CliSlurm):
 
 def backend():
     cli = RecordingCli()
-    return pb.PyslurmSlurm(fake_pyslurm(), cli), cli
+    b = pb.PyslurmSlurm(fake_pyslurm(), cli)
+    b.isolate = False  # the stand-in records calls in this process
+    return b, cli
+
+
+def test_a_hung_accounting_call_is_given_up_after_the_timeout():
+    """libslurm blocks in C while slurmdbd hangs: the call runs in a child that is killed."""
+    b, _cli = backend()
+    b.isolate, b.timeout = True, 0.5
+    t0 = time.monotonic()
+    with pytest.raises(SlurmUnavailable, match="no answer"):
+        b._bounded("db.Jobs.load", lambda: time.sleep(30))
+    assert time.monotonic() - t0 < 10
+    # Near miss: an answer within the timeout comes back, errors typed as they were raised.
+    assert b._bounded("db.Jobs.load", lambda: {"JobID": "7"}) == {"JobID": "7"}
+    with pytest.raises(SlurmError, match="denied"):
+        b._bounded("db.Jobs.modify", lambda: (_ for _ in ()).throw(SlurmError("denied")))
 
 
 def finished_job(job_id=41, **kw):

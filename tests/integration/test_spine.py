@@ -147,6 +147,12 @@ def test_accounting_down_verdict_stored_comment_queued_then_written(cluster):
     job = cluster.sbatch("#!/bin/bash\n#SBATCH -N1\nexit 4\n", user="sattrtest")
     cluster.wait_state(job)
     cluster.comment(job)  # the analysis at the job's end is done with accounting
+    # ... and has finished: until then it holds the job (a second analysis would find it busy).
+    queued = cluster.base / "attr" / "pending" / f"{job}.json"
+    deadline = time.monotonic() + 60
+    while queued.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not queued.exists(), "the job's analysis never finished"
     os.kill(dbd, signal.SIGSTOP)  # accounting stops answering (not a clean shutdown)
     try:
         env = dict(cluster.env, SLURM_JOB_ID=job)

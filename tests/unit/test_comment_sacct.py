@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from slurm_attr.slurm.cli import CliSlurm, parse_delimited_comments
 
 D = "^a1b2c3d4e5f6^"
@@ -67,3 +69,33 @@ def test_batch_keeps_only_the_asked_ids():
     cli = RecordingCli(lambda d: f"5{d}a{d}5\n6{d}b{d}6\n99{d}c{d}99\n")
     assert cli.job_comments(["5", "6", "7"], "Comment") == {"5": "a", "6": "b", "7": None}
     assert cli.calls[0][1][cli.calls[0][1].index("-j") + 1] == "5,6,7"
+
+
+def _tool(tmp_path, stderr: str, rc: int):
+    """A stand-in for sattr-comment that answers like slurmdbd does."""
+    tool = tmp_path / "sattr-comment"
+    tool.write_text(f"#!/bin/sh\ncat >/dev/null\necho \"{stderr}\" >&2\nexit {rc}\n")
+    tool.chmod(0o755)
+    return str(tool)
+
+
+@pytest.mark.parametrize("answer", ["sattr-comment: error: Request didn't affect anything",
+                                    "sattr-comment: modify failed: Data has not changed since time specified"])
+def test_unchanged_modify_is_success_when_the_value_is_there_else_not_yet(tmp_path, monkeypatch, answer):
+    """Slurm 24.11/26.05 answer a modify that changed no row with an error: the value was already
+    there (success) or accounting has no record yet (retry later) — never a hard failure."""
+    from slurm_attr.errors import SlurmUnavailable
+    from slurm_attr.slurm.cli import CliSlurm
+
+    s = CliSlurm(comment_tool=_tool(tmp_path, answer, 1))
+    monkeypatch.setattr(s, "cluster_name", lambda: "c")
+    monkeypatch.setattr(s, "job_comment", lambda job, field: "mine; SATTR1: none - ok")
+    s.set_job_comment("12", "Comment", "mine; SATTR1: none - ok")  # already there: no error
+    with pytest.raises(SlurmUnavailable):
+        s.set_job_comment("12", "Comment", "something else")
+    # Near miss: any other failure stays an error.
+    bad = CliSlurm(comment_tool=_tool(tmp_path, "sattr-comment: Access/permission denied", 1))
+    monkeypatch.setattr(bad, "cluster_name", lambda: "c")
+    with pytest.raises(Exception) as info:
+        bad.set_job_comment("12", "Comment", "x")
+    assert not isinstance(info.value, SlurmUnavailable)

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import sqlite3
 import subprocess
+import tempfile
 import time
+import tomllib
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +25,23 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "cluster" / "testcluster.sh"
 BASE = Path(os.environ.get("SATTR_CLUSTER_BASE", "/var/lib/sattr-testcluster"))
 FINAL = ("COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL")
+
+
+def _toml(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return json.dumps(v)
+    return repr(v)
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Replace a file whole (a hook never reads half of it)."""
+    fd, tmp = tempfile.mkstemp(dir=str(path.parent), prefix=".sattr-test-")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
 
 
 @dataclass
@@ -126,6 +147,25 @@ class Cluster:
         out = self.run(["sinfo", "-h", "-N", "-n", node, "-o", "%T|%E"]).stdout.strip().splitlines()
         state, _, reason = (out[0] if out else "|").partition("|")
         return state, reason
+
+    @contextmanager
+    def settings(self, **sections: dict):
+        """Merge {section: {key: value}} into slurm_attr.toml; restore the file exactly afterwards.
+        Written atomically: the hooks read the config at any moment."""
+        path = self.config_path
+        original = path.read_text()
+        data = tomllib.loads(original)
+        body = original
+        for section, values in sections.items():
+            merged = dict(data.get(section) or {})
+            merged.update(values)
+            body = re.sub(rf"(?ms)^\[{section}\][^\[]*", "", body).rstrip("\n")
+            body += f"\n\n[{section}]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in merged.items())
+        atomic_write(path, body)
+        try:
+            yield
+        finally:
+            atomic_write(path, original)
 
     def wait_running(self, job_id: str, timeout: float = 180) -> None:
         """Until the job is RUNNING (scheduling on a loaded 2-core machine can take a while)."""

@@ -9,21 +9,10 @@ that node while the injected line is in its kernel source.
 from __future__ import annotations
 
 import json
-import os
-import re
-import sys
-import tempfile
 import threading
 import time
-from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 pytestmark = pytest.mark.cluster
 
@@ -32,40 +21,6 @@ FATAL = "NVRM: Xid (PCI:0000:3b:00): 79, pid={pid}, name=python, GPU has fallen 
 
 
 # -- helpers -------------------------------------------------------------------------------
-
-
-def _toml_value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return json.dumps(v)
-    return repr(v)
-
-
-@contextmanager
-def drain_settings(cluster, **settings):
-    """Merge settings into [drain] of the cluster's config; restore the file exactly afterwards."""
-    path: Path = cluster.config_path
-    original = path.read_text()
-    data = tomllib.loads(original)
-    merged = dict(data.get("drain") or {})
-    merged.update(settings)
-    body = re.sub(r"(?ms)^\[drain\][^\[]*", "", original).rstrip("\n")
-    body += "\n\n[drain]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in merged.items())
-    _atomic_write(path, body)
-    try:
-        yield
-    finally:
-        _atomic_write(path, original)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    # Hooks read the config at any moment: never let them see half a file.
-    fd, tmp = tempfile.mkstemp(dir=str(path.parent), prefix=".sattr-test-")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
 
 
 class KernelLines:
@@ -212,7 +167,7 @@ def _wait_no_sattr_drains(cluster, timeout: float = 60) -> None:
 
 
 def test_fatal_xid_drains_node_before_its_epilog_ends_never_idle(cluster, clean):
-    with drain_settings(cluster, max_partition_percent=50.0):  # robust to another suite's drain meanwhile
+    with cluster.settings(drain=dict(max_partition_percent=50.0)):  # robust to another suite's drain meanwhile
         _fast_path_scenario(cluster, clean)
 
 
@@ -325,7 +280,7 @@ def test_undrain_resumes_only_our_nodes_and_records_who_and_why(cluster, clean):
 
 
 def test_cap_two_five_hardware_verdicts_two_drains_three_blocked(cluster, clean):
-    with drain_settings(cluster, max_drains=2, window_s=3600, max_partition_percent=100.0):
+    with cluster.settings(drain=dict(max_drains=2, window_s=3600, max_partition_percent=100.0)):
         # Four at once (their epilogs race for the breaker), then a fifth on a node left idle.
         jobs = [cluster.sbatch(f"#!/bin/bash\n#SBATCH -N1 -w {n} --exclusive\nsleep 3\nexit 1\n", user="sattrtest")
                 for n in NODES]
@@ -359,7 +314,7 @@ def test_cap_two_five_hardware_verdicts_two_drains_three_blocked(cluster, clean)
 
 
 def test_dry_run_drains_nothing_and_records_everything(cluster, clean):
-    with drain_settings(cluster, dry_run=True):
+    with cluster.settings(drain=dict(dry_run=True)):
         job = cluster.sbatch("#!/bin/bash\n#SBATCH -N1 -w n2 --exclusive\nsleep 3\nexit 1\n", user="sattrtest")
         cluster.wait_running(job)
         poller = StatePoller(cluster, "n2", interval=0.2)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import sqlite3
 import subprocess
@@ -22,12 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from test_drain import NODES, KernelLines, _atomic_write, _ours, _wait_no_sattr_drains, sattr
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from test_drain import NODES, KernelLines, _ours, _wait_no_sattr_drains, sattr
 
 pytestmark = pytest.mark.cluster
 
@@ -36,33 +30,6 @@ PLAIN_NODES = ["n1", "n2", "n3"]
 
 
 # -- helpers ------------------------------------------------------------------------------------
-
-
-def _toml(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return json.dumps(v)
-    return repr(v)
-
-
-@contextmanager
-def settings(cluster, **sections):
-    """Merge {section: {key: value}} into the cluster's config; restore the file exactly afterwards."""
-    path: Path = cluster.config_path
-    original = path.read_text()
-    data = tomllib.loads(original)
-    body = original
-    for section, values in sections.items():
-        merged = dict(data.get(section) or {})
-        merged.update(values)
-        body = re.sub(rf"(?ms)^\[{section}\][^\[]*", "", body).rstrip("\n")
-        body += f"\n\n[{section}]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in merged.items())
-    _atomic_write(path, body)
-    try:
-        yield
-    finally:
-        _atomic_write(path, original)
 
 
 class Poller(threading.Thread):
@@ -356,7 +323,7 @@ def test_spool_full_or_readonly_still_drains_stores_and_cleans(cluster, scene, k
 def test_analysis_timeout_stores_a_partial_verdict_then_retry_replaces_it(cluster, scene):
     # 1 ms: the limit always strikes before the verdict is stored (a normal analysis of these
     # small jobs now takes well under 0.5 s, which would let it finish).
-    with settings(cluster, analysis={"timeout_s": 0.001}):
+    with cluster.settings(analysis={"timeout_s": 0.001}):
         jobs, nodes_of, fatal, poller, running_at = _run_jobs_with_fatal(cluster, scene)
         _check_epilogs_and_drain(cluster, jobs, nodes_of, fatal, poller, running_at, scene, "analysis timeout")
         partial = _wait_verdicts(cluster, jobs, timeout=90, want=lambda v: any(

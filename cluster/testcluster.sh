@@ -4,10 +4,11 @@
 # root without systemd, with the slurm-attr SPANK plugin and epilogs wired in.
 #
 # Each pretend node runs in its own mount namespace, so it does not share what real nodes do
-# not share: its evidence root, /tmp, /var/tmp, its node-local state and its kernel-log source are
-# private bind mounts of $BASE/nodes/<node>/ (the kernel source of node N is $BASE/kernel/N.log, seen by
-# that node alone as $BASE/node/kernel.log). The spool and the job's working dirs stay
-# shared, as on a real cluster.
+# not share: its evidence root (where the plugin and the epilog work), its node-local state and its
+# kernel-log source are private bind mounts of $BASE/nodes/<node>/ (the kernel source of node N is
+# $BASE/kernel/N.log, seen by that node alone as $BASE/node/kernel.log). The spool, the job's
+# working dirs and /tmp stay shared: a checkout under /tmp (CI's clone, say) must stay visible
+# to the hooks and the jobs, as a shared filesystem is on a real cluster.
 #
 #   cluster/testcluster.sh up       install what is missing, (re)start, wait until idle
 #   cluster/testcluster.sh down     stop only the daemons this script started (by pid)
@@ -26,7 +27,7 @@ CONF=$BASE/etc/slurm.conf
 PIDS=$BASE/run/started.pids      # "name pid" per line: what we started and may stop
 VENV=$BASE/venv
 PY=$VENV/bin/python
-NODE_LAYOUT="mountns-v2"
+NODE_LAYOUT="mountns-v3"
 
 log() { printf 'testcluster: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
@@ -158,11 +159,10 @@ write_config() {
     touch "$BASE/node/kernel.log"   # the mount point of each node's own kernel source
     mkdir -p "$BASE/node/state"     # ... and of its node-local state (the attributed-lines ledger)
     for n in "${NODES[@]}"; do
-        mkdir -p "$BASE/spool/slurmd-$n" "$BASE/nodes/$n/evidence" "$BASE/nodes/$n/tmp" "$BASE/nodes/$n/var-tmp" \
+        mkdir -p "$BASE/spool/slurmd-$n" "$BASE/nodes/$n/evidence" \
             "$BASE/nodes/$n/state"
         chmod 700 "$BASE/nodes/$n/state"
         chmod 755 "$BASE/nodes/$n" "$BASE/nodes/$n/evidence"
-        chmod 1777 "$BASE/nodes/$n/tmp" "$BASE/nodes/$n/var-tmp"
         touch "$BASE/kernel/$n.log"
     done
 
@@ -369,8 +369,6 @@ start_slurmd() {  # start_slurmd NODE: slurmd in a mount namespace of its own (s
     unshare -m --propagation private -- sh -c '
         set -e
         mount --bind "$1/evidence" "$2/evidence"
-        mount --bind "$1/tmp" /tmp
-        mount --bind "$1/var-tmp" /var/tmp
         mount --bind "$2/kernel/$3.log" "$2/node/kernel.log"
         mount --bind "$1/state" "$2/node/state"
         exec slurmd -f "$4" -N "$3"' sh "$d" "$BASE" "$n" "$CONF" 9>&- \

@@ -1,6 +1,7 @@
 # slurm-attr: the two commands a fresh Debian 12 machine needs, as root:
 #   make demo    a local 4-node Slurm, a failing multi-node job, its verdict and Comment
-#   make test    native tests + unit tests + the integration suite on that real Slurm
+#   make test    native tests + unit tests + the integration suite on that real Slurm (22.05),
+#                then the same on Slurm 24.11 and 26.05 in debootstrap roots (test-versions)
 # Both install what they need first (cluster/deps.sh: Debian packages, then a venv with the
 # project, its test dependencies and torch CPU); a second run only checks.
 VENV ?= .venv
@@ -54,6 +55,7 @@ test: deps
 	$(MAKE) --no-print-directory test-native || rc=$$?; \
 	$(MAKE) --no-print-directory test-unit || { [ $$rc = 0 ] && rc=1; }; \
 	$(MAKE) --no-print-directory test-integration || { [ $$rc = 0 ] && rc=1; }; \
+	$(MAKE) --no-print-directory test-versions || { [ $$rc = 0 ] && rc=1; }; \
 	exit $$rc
 
 test-native: spank
@@ -66,9 +68,9 @@ test-integration: deps spank
 	bash cluster/testcluster.sh up
 	$(PY) -m pytest tests/integration -m cluster $(PYTEST_ARGS)
 
-# Slurm 24.11 (trixie) and 26.05 (sid) in debootstrap roots, each in its own namespaces
-# (cluster/versions.sh; the roots are cached in /var/cache/sattr-versions). Not yet part of
-# `make test`: one durability test still fails there (issue 13's note).
+# Slurm 24.11 (trixie) and 26.05 (sid) in debootstrap roots, each in its own namespaces, the
+# two in parallel (cluster/versions.sh; roots and apt archives cached in /var/cache/sattr-versions).
+# After the 22.05 suite, not beside it: three clusters on two cores starve each other.
 test-versions: deps-apt
 	bash cluster/versions.sh
 

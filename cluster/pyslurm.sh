@@ -24,7 +24,7 @@ CACHE=${SATTR_PYSLURM_CACHE:-/var/cache/sattr-pyslurm}
 INC=${SLURM_INCLUDE_DIR:-/usr/include}
 
 log() { printf 'pyslurm.sh: %s\n' "$*" >&2; }
-die() { log "$*"; exit "${2:-1}"; }
+die() { log "$1"; exit "${2:-1}"; }
 
 slurm_full() {  # the installed Slurm's version, e.g. 22.05.8 (slurmd -V needs no config)
     local v

@@ -115,15 +115,19 @@ run() {
     ip link add "sattrv$i" type veth peer name eth0 netns "$ns"
     ip netns exec "$ns" sh -c "ip link set lo up && ip addr add 10.252.$i.2/30 dev eth0 && ip link set eth0 up"
     # The tests as they run on 22.05, minus the ones that need torch in the root.
+    # SATTR_VERSIONS_PYTEST narrows the run to some tests (no C tests, no demo) while debugging one.
+    local tests=${SATTR_VERSIONS_PYTEST:-"tests/integration -m 'cluster and not torch'"} demo="SATTR_DEMO_FR=0 bash cluster/demo.sh"
+    local native="make -s -C spank all test"
+    [ -z "${SATTR_VERSIONS_PYTEST:-}" ] || { demo=:; native="make -s -C spank all"; }
     local inner="set -e; cd /src
         # Stopped, not killed with the namespace: no job is left in slurmctld's saved state.
         trap 'bash cluster/testcluster.sh down >/dev/null 2>&1' EXIT
-        make -s -C spank all test
+        $native
         bash cluster/testcluster.sh up
-        SATTR_DEMO_FR=0 bash cluster/demo.sh
+        $demo
         # Not the last command of the script (bash would exec it): PID 1 stays this bash, which
         # reaps the daemons the tests stop.
-        $CBASE/venv/bin/python -m pytest tests/integration -m 'cluster and not torch' -q -ra -p no:cacheprovider || exit \$?"
+        $CBASE/venv/bin/python -m pytest $tests -q -ra -p no:cacheprovider || exit \$?"
     local rc=0
     # nsenter keeps this mount namespace's /sys (ip netns exec would remount it without cgroups).
     nsenter --net="/run/netns/$ns" unshare --pid --fork --mount --uts --ipc --propagation private -- \

@@ -130,6 +130,11 @@ def finish_job(cfg: Config, slurm: SlurmAccess, store: Store, bundle_dir: str,
                     job.get("job_id"), err)
 
     adir, stand_in = _analysis_dir(cfg, bundle_dir)
+    if stand_in and nodes:
+        # The fast path's drain (in Slurm's reason) is the only word a node has here: let it land.
+        raw = str(job.get("slurm_job_id") or job.get("job_id", ""))
+        if not controller.wait_for_epilogs(slurm, raw, t0 + cfg.analysis.node_wait_s):
+            log.warning("job %s: node epilogs not finished after %.0fs", raw, cfg.analysis.node_wait_s)
     fast = reconcile.fast_decisions(bundle_dir if not stand_in else "", job, slurm, store)
     try:
         verdict = run_bundle(adir, cfg, history=store, job=job,

@@ -321,6 +321,23 @@ def wait_for_nodes(bundle_dir: str, nodes: list[str], deadline: float, poll: flo
         time.sleep(poll)
 
 
+def wait_for_epilogs(slurm: Any, job_id: str, deadline: float, poll: float = 0.3) -> bool:
+    """Without a bundle on the spool, a node's part can't say it is done; Slurm can: the job stays
+    COMPLETING until every node's epilog (and so its fast path) has finished. Wait for that, or
+    the deadline; True when it finished. A controller that does not answer (or no longer knows
+    the job) ends the wait: there is nothing better to wait for."""
+    while True:
+        try:
+            rec = slurm.show_job(job_id)
+        except Exception:  # noqa: BLE001 - any backend error: stop waiting, analyse what there is
+            return False
+        if not rec or "COMPLETING" not in str(rec.get("JobState", "")).upper():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll)
+
+
 def _is_file(path: str) -> bool:
     try:
         return stat.S_ISREG(os.lstat(path).st_mode)

@@ -27,6 +27,38 @@ BASE = Path(os.environ.get("SATTR_CLUSTER_BASE", "/var/lib/sattr-testcluster"))
 FINAL = ("COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL")
 
 
+class Gate:
+    """A job that holds at ``gate.wait`` until the test opens the gate.
+
+    A fault injected "while the job runs" must land inside the job's run: a fixed ``sleep N``
+    in the job raced the test on a loaded machine (the job ended before the test, waiting on
+    another job, wrote its Xid). The wait is bounded (3 min), so a test that fails before
+    opening it leaves no job behind for long. /tmp is shared by every pretend node."""
+
+    DIR = Path("/tmp/sattr-gates")
+    made: list["Gate"] = []  # opened at each test's end (a failed test holds no job)
+
+    def __init__(self) -> None:
+        self.DIR.mkdir(exist_ok=True)
+        os.chmod(self.DIR, 0o755)
+        self.path = self.DIR / os.urandom(8).hex()
+        Gate.made.append(self)
+
+    @property
+    def wait(self) -> str:
+        return f"for _ in $(seq 1800); do [ -e {self.path} ] && break; sleep 0.1; done"
+
+    def open(self) -> None:
+        self.path.touch()
+
+
+@pytest.fixture(autouse=True)
+def _open_gates():
+    yield
+    while Gate.made:
+        Gate.made.pop().open()
+
+
 def _toml(v) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
@@ -147,6 +179,10 @@ class Cluster:
         out = self.run(["sinfo", "-h", "-N", "-n", node, "-o", "%T|%E"]).stdout.strip().splitlines()
         state, _, reason = (out[0] if out else "|").partition("|")
         return state, reason
+
+    def gate(self) -> Gate:
+        """A fresh gate for a held job (see Gate)."""
+        return Gate()
 
     @contextmanager
     def settings(self, **sections: dict):

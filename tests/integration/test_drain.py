@@ -109,11 +109,19 @@ def _epilog_ends(cluster, job: str) -> dict[str, tuple[float, float, str]]:
     return out
 
 
-def _fatal_job(cluster, lines: KernelLines, node: str, sleep: float = 3) -> str:
+def _held_job(cluster, node: str, gate) -> str:
+    """A job on `node` alone that runs until `gate` opens, then exits 1."""
+    return cluster.sbatch(f"#!/bin/bash\n#SBATCH -N1 -w {node} --exclusive\n{gate.wait}\nsleep 0.5\nexit 1\n",
+                          user="sattrtest")
+
+
+def _fatal_job(cluster, lines: KernelLines, node: str) -> str:
     """A job on `node` alone whose kernel log gets a fatal Xid while it runs; returns its id."""
-    job = cluster.sbatch(f"#!/bin/bash\n#SBATCH -N1 -w {node} --exclusive\nsleep {sleep}\nexit 1\n", user="sattrtest")
+    gate = cluster.gate()
+    job = _held_job(cluster, node, gate)
     cluster.wait_running(job)
     lines.fatal(node)
+    gate.open()
     return job
 
 
@@ -172,11 +180,13 @@ def test_fatal_xid_drains_node_before_its_epilog_ends_never_idle(cluster, clean)
 
 
 def _fast_path_scenario(cluster, clean):
-    job = cluster.sbatch("#!/bin/bash\n#SBATCH -N1 -w n2 --exclusive\nsleep 3\nexit 1\n", user="sattrtest")
+    gate = cluster.gate()
+    job = _held_job(cluster, "n2", gate)
     cluster.wait_running(job)
     poller = StatePoller(cluster, "n2")
     poller.start()
     clean.fatal("n2")
+    gate.open()
     try:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and not any("drain" in s for _, s, _ in poller.samples):
@@ -228,12 +238,14 @@ def _fast_path_scenario(cluster, clean):
 
 
 def test_admin_drained_node_stays_exactly_as_it_was(cluster, clean):
-    job = cluster.sbatch("#!/bin/bash\n#SBATCH -N1 -w n3 --exclusive\nsleep 3\nexit 1\n", user="sattrtest")
+    gate = cluster.gate()
+    job = _held_job(cluster, "n3", gate)
     cluster.wait_running(job)
     admin_reason = "admin: bad fan, ticket 4711"
     cluster.run(["scontrol", "update", "NodeName=n3", "State=DRAIN", f"Reason={admin_reason}"])
     try:
         clean.fatal("n3")
+        gate.open()
         v = cluster.verdict(job)
         _wait_collected(cluster, job, "n3")
         clean.remove("n3")
@@ -282,11 +294,12 @@ def test_undrain_resumes_only_our_nodes_and_records_who_and_why(cluster, clean):
 def test_cap_two_five_hardware_verdicts_two_drains_three_blocked(cluster, clean):
     with cluster.settings(drain=dict(max_drains=2, window_s=3600, max_partition_percent=100.0)):
         # Four at once (their epilogs race for the breaker), then a fifth on a node left idle.
-        jobs = [cluster.sbatch(f"#!/bin/bash\n#SBATCH -N1 -w {n} --exclusive\nsleep 3\nexit 1\n", user="sattrtest")
-                for n in NODES]
+        gate = cluster.gate()  # all four end together, after each got its Xid
+        jobs = [_held_job(cluster, n, gate) for n in NODES]
         for job, n in zip(jobs, NODES):
             cluster.wait_running(job)
             clean.fatal(n)
+        gate.open()
         for job, n in zip(jobs, NODES):
             cluster.verdict(job)
             _wait_collected(cluster, job, n)
@@ -315,11 +328,13 @@ def test_cap_two_five_hardware_verdicts_two_drains_three_blocked(cluster, clean)
 
 def test_dry_run_drains_nothing_and_records_everything(cluster, clean):
     with cluster.settings(drain=dict(dry_run=True)):
-        job = cluster.sbatch("#!/bin/bash\n#SBATCH -N1 -w n2 --exclusive\nsleep 3\nexit 1\n", user="sattrtest")
+        gate = cluster.gate()
+        job = _held_job(cluster, "n2", gate)
         cluster.wait_running(job)
         poller = StatePoller(cluster, "n2", interval=0.2)
         poller.start()
         clean.fatal("n2")
+        gate.open()
         try:
             v = cluster.verdict(job)
             _wait_collected(cluster, job, "n2")

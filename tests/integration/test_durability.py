@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from test_drain import NODES, KernelLines, _ours, _wait_no_sattr_drains, sattr
+from test_drain import NODES, KernelLines, _held_job, _ours, _wait_no_sattr_drains, sattr
 
 pytestmark = pytest.mark.cluster
 
@@ -194,7 +194,8 @@ def _run_jobs_with_fatal(cluster, lines, plain=3, fail_one=True):
         j = cluster.sbatch(f"#!/bin/bash\n#SBATCH -N1 -w {node}\nsleep 2\nexit {code}\n", user="sattrtest")
         jobs.append(j)
         nodes_of[j] = [node]
-    fatal = cluster.sbatch(f"#!/bin/bash\n#SBATCH -N1 -w {FATAL_NODE} --exclusive\nsleep 3\nexit 1\n", user="sattrtest")
+    gate = cluster.gate()
+    fatal = _held_job(cluster, FATAL_NODE, gate)
     jobs.append(fatal)
     nodes_of[fatal] = [FATAL_NODE]
     cluster.wait_running(fatal)
@@ -202,6 +203,7 @@ def _run_jobs_with_fatal(cluster, lines, plain=3, fail_one=True):
     poller.start()
     running_at = time.time()
     lines.fatal(FATAL_NODE)
+    gate.open()
     return jobs, nodes_of, fatal, poller, running_at
 
 

@@ -309,9 +309,14 @@ nodes_idle() {
 }
 
 stop() {
-    # Daemons started with our config but not recorded (an interrupted start) are ours too.
-    local stray
+    # Daemons started with our config but not recorded (an interrupted start) are ours too, if
+    # they share our PID namespace and root: a test cluster in a debootstrap root (versions.sh)
+    # uses the same config path, and the host sees its daemons too.
+    local stray me_ns me_root
+    me_ns=$(readlink /proc/self/ns/pid); me_root=$(readlink /proc/self/root)
     for stray in $(pgrep -f -- "-f $CONF" 2>/dev/null); do
+        [ "$(readlink "/proc/$stray/ns/pid" 2>/dev/null)" = "$me_ns" ] || continue
+        [ "$(readlink "/proc/$stray/root" 2>/dev/null)" = "$me_root" ] || continue
         grep -q " $stray\$" "$PIDS" 2>/dev/null || echo "$(cat /proc/$stray/comm 2>/dev/null || echo x) $stray" >> "$PIDS"
     done
     [ -s "$PIDS" ] || return 0

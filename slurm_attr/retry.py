@@ -42,9 +42,13 @@ def _on_alarm(signum: int, frame: object) -> None:
 
 @contextmanager
 def time_limit(seconds: float) -> Iterator[None]:
-    """SIGALRM after ``seconds`` (fractions allowed); main thread only."""
+    """SIGALRM after ``seconds`` (fractions allowed), then again every interval until the block
+    is left; main thread only. The repeat is what makes it a hard limit: an exception raised
+    by a signal handler is swallowed where Python cannot propagate it (a ``__del__``, a GC or
+    weakref callback: "Exception ignored in ..."), and a single alarm landing there was lost."""
     old = signal.signal(signal.SIGALRM, _on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, max(0.001, float(seconds)))
+    first = max(0.001, float(seconds))
+    signal.setitimer(signal.ITIMER_REAL, first, max(0.05, min(1.0, first)))
     try:
         yield
     finally:

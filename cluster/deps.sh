@@ -19,7 +19,7 @@ TORCH_VERSION=2.13.0
 # What the test cluster and the demo use: bsdextrautils: column; util-linux: unshare, flock,
 # runuser, mountpoint; procps: pgrep; hostname; debootstrap: the other Slurm releases' roots.
 CLUSTER_PACKAGES=(slurmctld slurmd slurm-client slurmdbd mariadb-server munge libslurm-dev
-                  gcc make libc6-dev python3 python3-venv
+                  gcc make libc6-dev python3 python3-venv python3-dev
                   util-linux bsdextrautils bsdutils procps iproute2 hostname)
 # What the tests add: chromium renders the HTML report headless; debootstrap builds the
 # trixie/sid roots of `make test-versions`.

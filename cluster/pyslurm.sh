@@ -78,11 +78,14 @@ build() {
         || die "no libslurm to link against (libslurm-dev)"
     # A build venv of its own: pyslurm 22.5 pins setuptools==59.2 for build isolation, which the
     # index here lacks; any setuptools with Cython < 3 builds it (Cython 3 breaks the 22.5 line).
-    benv=$CACHE/buildenv-$(pytag "$py")
+    # Later lines take Cython 3, the first with wheels for Python 3.13+ (trixie, sid).
+    local cython='Cython>=3.0'
+    [ "$line" != 22.5 ] || cython='Cython==0.29.37'
+    benv=$CACHE/buildenv-$(pytag "$py")-$line
     if ! "$benv/bin/python" -c 'import Cython, setuptools, wheel, packaging' 2>/dev/null; then
         rm -rf "$benv"
         "$py" -m venv "$benv"
-        "$benv/bin/python" -m pip install -q --disable-pip-version-check 'Cython==0.29.37' 'setuptools>=64' wheel packaging >&2
+        "$benv/bin/python" -m pip install -q --disable-pip-version-check "$cython" 'setuptools>=64' wheel packaging >&2
     fi
     # Global, not local: the EXIT trap runs after this function's locals are gone.
     tmp=$(mktemp -d "$CACHE/build.XXXXXX")

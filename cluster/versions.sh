@@ -21,6 +21,7 @@ CACHE=${SATTR_VERSIONS_CACHE:-/var/cache/sattr-versions}
 MIRROR=${SATTR_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 DEFAULT_SUITES=(trixie sid)
 CBASE=/var/lib/sattr-testcluster   # the test cluster's base inside a root
+VENDOR=${SATTR_VENDOR:-$REPO/../shared/vendor}
 
 log() { printf 'versions: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
@@ -46,6 +47,9 @@ copy_source() {  # the working tree as git sees it (tracked + untracked, not ign
     local root=$1
     rm -rf "$root/src"; mkdir -p "$root/src"
     (cd "$REPO" && git ls-files -z -c -o --exclude-standard | tar --null -T - -cf -) | tar -xf - -C "$root/src"
+    # ../shared/vendor beside the checkout, as here: the pyslurm release lines (cluster/pyslurm.sh)
+    rm -rf "$root/shared"; mkdir -p "$root/shared/vendor"
+    cp "$VENDOR"/pyslurm-*.tar.gz "$root/shared/vendor/" 2>/dev/null || log "no pyslurm sources in $VENDOR"
 }
 
 fetch_wheels() {  # fetch_wheels X.Y: the project's dependencies, pytest and the build backend
@@ -54,7 +58,8 @@ fetch_wheels() {  # fetch_wheels X.Y: the project's dependencies, pytest and the
 import sys, tomllib
 p = tomllib.load(open(sys.argv[1], "rb"))["project"]
 deps = [d for d in p.get("dependencies", []) if "python_version <" not in d]
-print("\n".join(deps + p.get("optional-dependencies", {}).get("test", []) + ["setuptools>=64", "wheel"]))
+# + what cluster/pyslurm.sh builds a release line with (Cython 3: wheels for Python 3.13+)
+print("\n".join(deps + p.get("optional-dependencies", {}).get("test", []) + ["setuptools>=64", "wheel", "packaging", "Cython>=3.0"]))
 PY
 )
     mkdir -p "$CACHE/wheels-$pyver"
@@ -98,6 +103,16 @@ prepare() {
         chroot "$root" env PIP_NO_INDEX=1 PIP_FIND_LINKS=/wheels bash -c "cd /src && bash cluster/testcluster.sh venv && { $CBASE/venv/bin/python -c 'import pytest' 2>/dev/null \
             || $CBASE/venv/bin/python -m pip install -q --disable-pip-version-check pytest; }" > "$CACHE/venv-$suite.log" 2>&1 \
             || { tail -20 "$CACHE/venv-$suite.log" >&2; die "$suite: venv failed"; }
+        # The pyslurm wheel for the root's Slurm, built here (the runs have no network) once per
+        # root and cached in it; exit 3: no release line (26.05), the CLI backend is tested alone.
+        local prc=0
+        chroot "$root" env PIP_NO_INDEX=1 PIP_FIND_LINKS=/wheels bash /src/cluster/pyslurm.sh build /usr/bin/python3 \
+            > "$CACHE/pyslurm-$suite.log" 2>&1 || prc=$?
+        case $prc in
+            0) log "$suite: pyslurm $(basename "$(tail -1 "$CACHE/pyslurm-$suite.log")")" ;;
+            3) log "$suite: no pyslurm release line; the CLI backend only" ;;
+            *) tail -20 "$CACHE/pyslurm-$suite.log" >&2; die "$suite: pyslurm build failed" ;;
+        esac
     ) || rc=$?
     umount "$root/wheels" 2>/dev/null || true
     unmount_root "$root"

@@ -2,6 +2,10 @@
 bundles together fit ``[spool] max_bytes``. A pending job's bundle is never pruned (its
 analysis still needs it). Sizes count allocated blocks, which is what fills a disk.
 
+The live view's per-job dirs (``<spool>/live/<job>``: node summaries, snapshots, pre-kill
+dumps) count and age the same way, keyed ``live/<job>``; one written to in the last
+``LIVE_BUSY_S`` belongs to a job that may still run and stays, as does a pending job's.
+
 ``sattr gc`` runs it; the analyser runs it too, at most every ``AUTO_EVERY_S``.
 """
 from __future__ import annotations
@@ -20,6 +24,7 @@ from .config import Config
 log = logging.getLogger("slurm_attr")
 
 AUTO_EVERY_S = 600.0
+LIVE_BUSY_S = 600.0  # watchers rewrite their summaries every few seconds while the job runs
 STAMP = ".gc-stamp"
 
 
@@ -44,9 +49,7 @@ def tree_bytes(path: str) -> int:
     return total
 
 
-def bundles(cfg: Config) -> list[dict[str, Any]]:
-    """Every bundle on the spool: key, path, mtime, bytes; oldest first."""
-    root = spool.bundles_root(cfg.paths.spool)
+def _dirs(root: str, prefix: str = "", newest: bool = False) -> list[dict[str, Any]]:
     try:
         names = os.listdir(root)
     except OSError:
@@ -60,7 +63,27 @@ def bundles(cfg: Config) -> list[dict[str, Any]]:
             continue
         if not stat.S_ISDIR(st.st_mode):
             continue
-        out.append({"key": name, "path": path, "mtime": st.st_mtime, "bytes": tree_bytes(path)})
+        out.append({"key": prefix + name, "job": name, "path": path,
+                    "mtime": _newest(path, st.st_mtime) if newest else st.st_mtime, "bytes": tree_bytes(path)})
+    return out
+
+
+def _newest(path: str, mtime: float) -> float:
+    """The newest mtime in the tree: a watcher's rewrite of summary/<step>/<node>.json changes
+    that file and its own dir, not the job dir."""
+    for root, dirs, files in os.walk(path, followlinks=False):
+        for name in files + dirs:
+            try:
+                mtime = max(mtime, os.lstat(os.path.join(root, name)).st_mtime)
+            except OSError:
+                continue
+    return mtime
+
+
+def bundles(cfg: Config) -> list[dict[str, Any]]:
+    """Every bundle and live dir on the spool: key, job, path, mtime, bytes; oldest first."""
+    out = _dirs(spool.bundles_root(cfg.paths.spool))
+    out += _dirs(os.path.join(cfg.paths.spool, "live"), prefix="live/", newest=True)
     out.sort(key=lambda b: (b["mtime"], b["key"]))
     return out
 
@@ -78,9 +101,11 @@ def collect(cfg: Config, dry_run: bool = False, now: float | None = None) -> GcR
         over = cfg.spool.max_bytes > 0 and total > cfg.spool.max_bytes
         if not (old or over):
             continue
-        if b["key"] in pending:
+        if b["job"] in pending or b["key"] in pending:
             res.kept_pending.append(b["key"])
             continue
+        if b["key"].startswith("live/") and now - b["mtime"] < LIVE_BUSY_S:
+            continue  # its job may still be running: its watchers write here
         why = f"older than {cfg.spool.keep_days:g} days" if old else f"spool over {cfg.spool.max_bytes} bytes"
         if not dry_run:
             try:

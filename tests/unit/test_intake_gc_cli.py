@@ -134,3 +134,39 @@ def test_gc_command_dry_run(cli, cfg):
     out = cli("gc", "--dry-run")
     assert out.exit_code == 0 and "would remove 1" in out.output
     assert os.path.isdir(os.path.join(cfg.paths.spool, "bundles", "1"))
+
+
+def _live(cfg, job, size, age_s):
+    d = os.path.join(cfg.paths.spool, "live", job)
+    os.makedirs(os.path.join(d, "summary", "0"), exist_ok=True)
+    f = os.path.join(d, "summary", "0", "n1.json")
+    with open(f, "wb") as fh:
+        fh.write(os.urandom(size))
+    t = time.time() - age_s
+    for p in (f, os.path.join(d, "summary", "0"), os.path.join(d, "summary"), d):
+        os.utime(p, (t, t))
+    return d
+
+
+def test_live_dirs_age_and_count_like_bundles_but_a_busy_one_stays(cfg):
+    cfg.spool.keep_days = 7
+    cfg.spool.max_bytes = 0
+    _live(cfg, "41", 1000, 30 * 86400)   # old: goes
+    _live(cfg, "42", 1000, 30 * 86400)   # old but pending: stays
+    _live(cfg, "43", 1000, 60)           # written a minute ago: its job may run
+    intake.record(cfg, "42", {"job_id": "42"})
+    res = gc.collect(cfg)
+    assert [r["key"] for r in res.removed] == ["live/41"]
+    assert res.kept_pending == ["live/42"]
+    assert sorted(os.listdir(os.path.join(cfg.paths.spool, "live"))) == ["42", "43"]
+
+
+def test_max_bytes_counts_live_dirs_and_spares_a_running_jobs(cfg):
+    cfg.spool.keep_days = 0
+    cfg.spool.max_bytes = int(1.5 * MiB)
+    _bundle(cfg, "50", MiB, 2)
+    _live(cfg, "51", MiB, 3 * 86400)
+    _live(cfg, "52", MiB, 5)  # near miss: over the cap, but busy
+    res = gc.collect(cfg)
+    assert [r["key"] for r in res.removed] == ["live/51", "50"]
+    assert os.listdir(os.path.join(cfg.paths.spool, "live")) == ["52"]

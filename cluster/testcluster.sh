@@ -255,6 +255,9 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
+# A node freed by its epilog does not wake the scheduler; its periodic passes (60 s main, 30 s
+# backfill by default) then paced a burst of short jobs at ~12 a minute.
+SchedulerParameters=sched_interval=2,bf_interval=2
 MpiDefault=none
 $switch
 ReturnToService=2

@@ -34,6 +34,26 @@ wait_for() {
 job_state() { sacct -n -P -X -j "$1" -o State 2>/dev/null | head -1 | cut -d' ' -f1; }
 ended() { case $(job_state "$1") in COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY) return 0 ;; esac; return 1; }
 has_comment() { sacct -n -P -X -j "$1" -o Comment | grep -q 'SATTR1:'; }
+# expect JOB CAUSE NODE: the stored verdict says CAUSE and names NODE; else the demo fails (after
+# showing everything), so `make demo` cannot pass while showing a wrong answer.
+PROBLEMS=()
+expect() {
+    local got
+    got=$("$SATTR" "$1" --json 2>/dev/null | "$VENV/bin/python" -c '
+import json, sys
+v = json.load(sys.stdin)
+print(v.get("cause", ""), ",".join((v.get("culprit") or {}).get("nodes") or []))' 2>/dev/null || true)
+    case " $got," in
+        " $2 "*"$3,"*) ;;
+        *) PROBLEMS+=("job $1: expected $2 on $3, the verdict says: ${got:-nothing}") ;;
+    esac
+}
+finish() {
+    if [ ${#PROBLEMS[@]} -gt 0 ]; then
+        printf 'demo: FAILED: %s\n' "${PROBLEMS[@]}" >&2
+        exit 1
+    fi
+}
 # Until the job ended, its verdict is stored and its Comment carries it.
 wait_verdict() {
     wait_for "job $1 to end" 180 ended "$1"
@@ -77,10 +97,14 @@ wait_verdict "$JOB"
 
 step "sattr $JOB   (what an admin or the job's user sees)"
 "$SATTR" "$JOB" || true
+expect "$JOB" gpu_hardware n2
 step "sinfo -R   (n2 drained by slurm-attr before its next job)"
 sinfo -R -o '%N|%T|%E' | column -t -s '|'
+sinfo -h -n n2 -o '%E' | grep -q "^SATTR: .*job $JOB" || PROBLEMS+=("n2 is not drained by slurm-attr for job $JOB")
 step "sacct -j $JOB -o JobID,State,Comment   (the user's comment kept, the verdict after it)"
 sacct -X -j "$JOB" -o JobID,State,Comment%120
+sacct -n -P -X -j "$JOB" -o Comment | grep -q '^demo run; SATTR1: gpu_hardware' \
+    || PROBLEMS+=("job $JOB: the Comment does not keep the user's text followed by the verdict")
 step "sattr undrain n2   (resumes only nodes slurm-attr drained; the demo leaves the cluster clean)"
 "$SATTR" undrain n2 --reason "demo finished"
 wait_for "n2 to be idle" 30 sh -c "sinfo -h -n n2 -o %T | grep -qx idle"
@@ -89,6 +113,7 @@ sinfo -N -n n2 -o '%N %T'
 if [ "${SATTR_DEMO_FR:-1}" = 0 ]; then
     # `make test-versions` runs the demo in roots whose Python the torch wheel does not fit.
     step "done in $(( $(date +%s) - T0 )) s (the torch job skipped: SATTR_DEMO_FR=0)"
+    finish
     exit 0
 fi
 step "2. a real 4-rank torch (Gloo) job with a collective size bug on rank 3"
@@ -106,6 +131,7 @@ EOF
 JOB2=$(sbatch --parsable "$WORK/fr.sh")
 say "job $JOB2 submitted"
 wait_verdict "$JOB2"
+expect "$JOB2" collective_mismatch n4
 step "sattr $JOB2"
 "$SATTR" "$JOB2" || true
 step "sattr fr $JOB2   (Flight Recorder: ranks x collectives, the first divergence marked)"
@@ -118,3 +144,4 @@ sacct -X -j "$JOB2" -o JobID,State,Comment%120
 step "done in $(( $(date +%s) - T0 )) s"
 say "HTML report of job $JOB2: $REPORT"
 say "more: sattr --help; sattr list; sattr nodes; sattr drains"
+finish

@@ -131,18 +131,19 @@ run() {
     ip netns exec "$ns" sh -c "ip link set lo up && ip addr add 10.252.$i.2/30 dev eth0 && ip link set eth0 up"
     # The tests as they run on 22.05, minus the ones that need torch in the root.
     # SATTR_VERSIONS_PYTEST narrows the run to some tests (no C tests, no demo) while debugging one.
-    local tests=${SATTR_VERSIONS_PYTEST:-"tests/integration -m 'cluster and not torch'"} demo="SATTR_DEMO_FR=0 bash cluster/demo.sh"
+    local tests=${SATTR_VERSIONS_PYTEST:-"tests/integration -m 'cluster and not torch'"} demo="env SATTR_DEMO_FR=0 bash cluster/demo.sh"
     local native="make -s -C spank all test"
     [ -z "${SATTR_VERSIONS_PYTEST:-}" ] || { demo=:; native="make -s -C spank all"; }
     local inner="set -e; cd /src
         # Stopped, not killed with the namespace: no job is left in slurmctld's saved state.
         trap 'bash cluster/testcluster.sh down >/dev/null 2>&1' EXIT
-        $native
-        bash cluster/testcluster.sh up
-        $demo
+        phase() { local name=\$1 t=\$SECONDS rc=0; shift; \"\$@\" || rc=\$?; echo \"PHASE \$name: \$((SECONDS - t)) s, exit \$rc\"; return \$rc; }
+        phase build+C-tests $native
+        phase cluster-up bash cluster/testcluster.sh up
+        phase demo $demo
         # Not the last command of the script (bash would exec it): PID 1 stays this bash, which
         # reaps the daemons the tests stop.
-        $CBASE/venv/bin/python -m pytest $tests -q -ra -p no:cacheprovider || exit \$?"
+        phase suite $CBASE/venv/bin/python -m pytest $tests -q -ra -p no:cacheprovider || exit \$?"
     local rc=0
     # nsenter keeps this mount namespace's /sys (ip netns exec would remount it without cgroups).
     nsenter --net="/run/netns/$ns" unshare --pid --fork --mount --uts --ipc --propagation private -- \
@@ -177,7 +178,7 @@ all() {
     for s in "${suites[@]}"; do
         local r secs; read -r r secs < "$CACHE/logs/$s.rc"
         echo "== $s ($(chroot "$CACHE/$s" slurmd -V)): exit $r in ${secs}s; log $CACHE/logs/$s.log"
-        grep -E '^(FAILED|ERROR)|[0-9]+ (passed|failed)' "$CACHE/logs/$s.log" | tail -15 || true
+        grep -E '^(FAILED|ERROR|PHASE)|[0-9]+ (passed|failed)' "$CACHE/logs/$s.log" | tail -20 || true
         [ "$r" = 0 ] || { rc=1; tail -40 "$CACHE/logs/$s.log"; }
     done
     return $rc

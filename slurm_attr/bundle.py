@@ -260,12 +260,12 @@ class Bundle:
                 if owner:
                     return owner
             if e.source == "kernel" and symptom.node and e.text:
-                from .collect.ledger import line_key
-
                 if keys is None:
                     keys = self.attributed_keys()
                 if not keys:
-                    continue  # no ledger lines at all: no line key to compute
+                    continue  # no ledger lines at all: no line key to compute (nor its import, per line)
+                from .collect.ledger import line_key
+
                 owner = keys.get(line_key(symptom.node, e.text))
                 if owner:
                     return owner

@@ -53,7 +53,7 @@ class _Walk:
 
     def items(self, items: Any) -> None:
         for op, av in items:
-            if op is _c.LITERAL and av < 128:
+            if op is _c.LITERAL and av < 128 and av != 10:  # a newline: lines are searched one by one
                 self.run.append(chr(av).lower())
             elif op is _c.AT:
                 continue  # an anchor consumes nothing: the literals around it stay adjacent

@@ -4,10 +4,12 @@ Extraction is CPU-bound Python (the per-line regex work after the prefilter), so
 threads would take turns on the GIL: processes do it. They are forked, so the
 catalog (compiled regexes, automata, refiners) is inherited, not rebuilt or sent,
 and each one reads its own files through safefs: no log bytes cross a pipe, only
-the symptoms found (pickled between our own processes; nothing a job wrote is
-unpickled). This process works too: with N cores it forks N-1 helpers, and all
-of them take the next file from one shared counter, largest first, so a 64 MiB
-stdout on one core and the kernel logs on the other finish together.
+the symptoms found, as JSON (nothing is ever unpickled, not even our own helper's
+output: the analysis runs as root on what jobs wrote, DESIGN §5). A codec turns a
+task's result into JSON values and back (wire.py for symptoms); a result it cannot
+carry exactly is redone here. This process works too: with N cores it forks N-1
+helpers, and all of them take the next file from one shared counter, largest first,
+so a 64 MiB stdout on one core and the kernel logs on the other finish together.
 
 No multiprocessing.Pool: its threads and queues cost more (~30 ms) than a fork
 (~3 ms). Below ``PARALLEL_MIN`` bytes of logs, and where forking is unsafe
@@ -19,15 +21,65 @@ first.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import threading
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, Optional, Protocol, Sequence, TypeVar
 
 PARALLEL_MIN = 24 << 20  # bytes of logs (capped sizes) from which a second process pays
 MAX_WORKERS = 8  # beyond this, start-up and memory outweigh the gain on one bundle's files
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+
+MAX_RESULT = 1 << 30  # bytes one helper may send back: far above any real result, a bound all the same
+
+
+class Codec(Protocol):
+    def encode(self, result: Any) -> Optional[Any]: ...  # JSON values, or None: cannot carry it exactly
+    def decode(self, value: Any) -> Any: ...  # ValueError when malformed
+
+
+class PlainCodec:
+    """Results made of str, int, float, bool, None, lists, tuples and str-keyed dicts, exactly
+    (a tuple comes back a tuple); anything else is not carried (None)."""
+
+    @staticmethod
+    def encode(result: Any) -> Optional[Any]:
+        def conv(v: Any, depth: int) -> Any:
+            t = type(v)
+            if t in (str, int, float, bool) or v is None:
+                return v
+            if depth > 32:
+                raise TypeError("too deep")
+            if t is list:
+                return [conv(x, depth + 1) for x in v]
+            if t is tuple:
+                return {"t": [conv(x, depth + 1) for x in v]}
+            if t is dict and all(type(k) is str for k in v):
+                return {"d": {k: conv(x, depth + 1) for k, x in v.items()}}
+            raise TypeError(t.__name__)
+
+        try:
+            return conv(result, 0)
+        except (TypeError, RecursionError):
+            return None
+
+    @staticmethod
+    def decode(value: Any) -> Any:
+        def back(v: Any) -> Any:
+            if type(v) is list:
+                return [back(x) for x in v]
+            if type(v) is dict:
+                if "t" in v and len(v) == 1 and type(v["t"]) is list:
+                    return tuple(back(x) for x in v["t"])
+                if "d" in v and len(v) == 1 and type(v["d"]) is dict:
+                    return {k: back(x) for k, x in v["d"].items()}
+                raise ValueError("unknown record")
+            return v
+
+        return back(value)
 
 
 def _cpus() -> int:
@@ -85,27 +137,66 @@ def _drain(counter: _Counter, order: Sequence[int], work: Callable[[int], Any]) 
         done.append((order[k], work(order[k])))
 
 
-def _read_all(fd: int) -> bytes:
+def _read_all(fd: int, limit: int) -> bytes:
     chunks = []
+    got = 0
     while True:
         b = os.read(fd, 1 << 20)
         if not b:
-            return b"".join(chunks)
-        chunks.append(b)
+            return b"".join(chunks) if got <= limit else b""
+        got += len(b)
+        if got > limit:
+            chunks = []  # not a result of ours: read to the end (the helper must not block), redo its files
+        else:
+            chunks.append(b)
 
 
-def run(bundle: Any, catalog: Any, tasks: Sequence[T], fn: Callable[[Any, Any, T], R]) -> list[R]:
+def _helper_results(data: bytes, n_tasks: int, codec: Codec) -> dict[int, Any]:
+    """A helper's [[task index, encoded result], ...]; what does not decode is left out (redone here)."""
+    out: dict[int, Any] = {}
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return out
+    if type(doc) is not list:
+        return out
+    for item in doc:
+        if type(item) is not list or len(item) != 2 or type(item[0]) is not int or not 0 <= item[0] < n_tasks:
+            continue
+        try:
+            out[item[0]] = codec.decode(item[1])
+        except ValueError:
+            continue
+    return out
+
+
+def run(bundle: Any, catalog: Any, tasks: Sequence[T], fn: Callable[[Any, Any, T], R],
+        codec: Optional[Codec] = None) -> list[R]:
     """``[fn(bundle, catalog, t) for t in tasks]``, on several processes when it pays.
 
-    Each task is ``(source, node, relpath, cap, ...)``.
+    Each task is ``(source, node, relpath, cap, ...)``. ``codec`` carries a result from a
+    helper to this process as JSON (default: PlainCodec).
     """
+    # Extraction makes ~100k short-lived objects, none in a cycle: the collector's sweeps
+    # over them are pure cost (3% of a large bundle's extraction), so it pauses meanwhile.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _run(bundle, catalog, tasks, fn, codec)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _run(bundle: Any, catalog: Any, tasks: Sequence[T], fn: Callable[[Any, Any, T], R],
+         codec: Optional[Codec]) -> list[R]:
     sizes = [_size(bundle.root, t[2], t[3]) for t in tasks]  # type: ignore[index]
     n = workers_for(sizes)
     if n == 1:
         return [fn(bundle, catalog, t) for t in tasks]
     for source in {t[0] for t in tasks}:  # type: ignore[index]
         catalog.index(source)  # built once here, inherited by every helper
-    import pickle  # between our own processes only (see above)
+    wire: Codec = codec if codec is not None else PlainCodec()
 
     order = sorted(range(len(tasks)), key=lambda i: -sizes[i])
     counter = _Counter()
@@ -128,7 +219,18 @@ def run(bundle: Any, catalog: Any, tasks: Sequence[T], fn: Callable[[Any, Any, T
                 code = 1
                 try:
                     os.close(r)
-                    data = pickle.dumps(_drain(counter, order, work), protocol=pickle.HIGHEST_PROTOCOL)
+
+                    def encoded(i: int) -> str:
+                        # Encoded as each file is done, not all at the end: this cost then counts
+                        # in the shared queue's balance instead of keeping this process waited for.
+                        value = wire.encode(work(i))
+                        if value is None:
+                            return ""  # the parent redoes task i
+                        # acyclic by construction (the codec refuses deep values): no cycle check
+                        return json.dumps([i, value], separators=(",", ":"), check_circular=False)
+
+                    parts = [p for _i, p in _drain(counter, order, encoded) if p]
+                    data = ("[" + ",".join(parts) + "]").encode()
                     view = memoryview(data)
                     while view:
                         view = view[os.write(w, view):]
@@ -143,12 +245,12 @@ def run(bundle: Any, catalog: Any, tasks: Sequence[T], fn: Callable[[Any, Any, T
         finally:  # even when a file failed here: no helper is left behind
             for pid, r in helpers:
                 try:
-                    data = _read_all(r)
+                    data = _read_all(r, MAX_RESULT)
                 finally:
                     os.close(r)
                 _, status = os.waitpid(pid, 0)
                 if status == 0 and data:
-                    results.update(pickle.loads(data))  # our own helper's output, not job data
+                    results.update(_helper_results(data, len(tasks), wire))
     finally:
         gc.unfreeze()
     # A helper that died took files it never reported: do them here (an error in one

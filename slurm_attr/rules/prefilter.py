@@ -14,6 +14,17 @@ Profile that motivated it (129 MB bundle, 2-core machine): one ``bytes.find``
 pass per trigger fragment plus a per-line keyword check took ~60% of extraction;
 one automaton pass costs about what a single ``find`` pass did.
 
+With few keywords (``ANCHORS_MAX``, the kernel's) it runs in two steps. The first
+searches the keywords alone, leftmost-first (the automaton's SIMD searcher), and
+decides most lines at once: what it cannot see (a keyword overlapping a reported one)
+is worked out per anchor when the catalog loads (``_init_anchors``). Only lines whose
+rules need a required literal, or that may hide a keyword, get a second search, over
+those lines alone. Profile of the 129 MB bundle's 4 MiB kernel tails (instructions
+counted with valgrind, one tail): 180 M for the earlier every-occurrence second pass
+over every keyword line, 153-162 M now; half of what is left is Python per keyword
+line (~8,300 of them: Xid lines and mlx5_core chatter), the rest lower-casing and
+the automata.
+
 Without ahocorasick_rs (a broken install) a combined regex of the escaped
 patterns selects the lines instead, and each selected line is checked for every
 pattern; slower on large buffers, same result.
@@ -25,6 +36,7 @@ rather than one match tuple per keyword for the whole file at once.
 from __future__ import annotations
 
 import re
+from itertools import accumulate
 from typing import Iterable, Iterator, Mapping, Optional, Sequence
 
 try:  # a declared dependency; the fallback only keeps a broken install analysing
@@ -70,11 +82,45 @@ class Prefilter:
         self._ac = BytesAhoCorasick(self._encoded) if self.keywords and use_automaton and BytesAhoCorasick else None
         self._anchors = None
         if self._ac is not None and use_anchors and len(self.keywords) <= ANCHORS_MAX:
-            self._anchors = BytesAhoCorasick([k.encode("ascii") for k in self.keywords], matchkind=MatchKind.LeftmostFirst)
+            self._init_anchors(sat)
+        self._known: dict[tuple[int, ...], frozenset[int]] = {}  # patterns found in a line -> its rules
         self._re = None
         if self.keywords and self._ac is None:
             # Longest first, so the alternation prefers the longer of two patterns at one offset.
             self._re = re.compile(b"|".join(re.escape(k) for k in sorted(self._encoded, key=len, reverse=True)))
+
+    def _init_anchors(self, sat: Mapping[str, set[int]]) -> None:
+        """The first pass: the keywords alone, leftmost-first, longest first at one offset.
+
+        It reports every keyword occurrence but those overlapping a reported one. Those are
+        accounted for here: a keyword inside the reported one (``implied``) is surely there
+        too; one that starts inside it and ends beyond it is there when the text after the
+        reported one goes on as that keyword does (``tails``: one ``startswith`` per match),
+        and such a line goes to the second pass over every pattern."""
+        anchors = sorted(self.keywords, key=lambda k: (-len(k), k))
+        by_kw = dict(zip(self.keywords, self.positions))
+        self._anchor_implied: list[frozenset[int]] = [
+            frozenset().union(*[by_kw[k] for k in self.keywords if k in a]) for a in anchors]
+        self._anchor_tails: list[tuple[bytes, ...]] = [
+            # k starts with the last j characters of a and goes on: k[j:] would follow a
+            tuple(sorted({k[j:].encode("ascii") for k in self.keywords if k != a for j in range(1, len(a))
+                          if len(k) > j and k.startswith(a[len(a) - j:])}))
+            for a in anchors]
+        self._anchors = BytesAhoCorasick([a.encode("ascii") for a in anchors], matchkind=MatchKind.LeftmostFirst)
+        # The required literals alone: for a line whose rules are known and guarded, which literals it holds.
+        self._literals: list[str] = sorted(sat)
+        self._lit_sat: list[frozenset[int]] = [frozenset(sat[x]) for x in self._literals]
+        self._lit_ac = BytesAhoCorasick([x.encode("ascii") for x in self._literals]) if self._literals else None
+        self._line_kind: dict[tuple[int, ...], tuple[int, frozenset[int]]] = {}
+
+    # What the first pass tells about a line: its rules, or that a second pass must decide.
+    _DONE, _GUARD, _FULL = 0, 1, 2
+
+    def _kind_of(self, seen: tuple[int, ...]) -> tuple[int, frozenset[int]]:
+        picked = frozenset().union(*[self._anchor_implied[a] for a in seen])
+        if picked & self.guarded:
+            return self._GUARD, picked
+        return self._DONE, picked
 
     @property
     def engine(self) -> str:
@@ -98,67 +144,120 @@ class Prefilter:
             yield from self._slice(buf, pos, stop, max_line)  # a list: one generator level per line
             pos = stop
 
-    def _keyword_lines(self, low: bytes) -> list[tuple[int, int]]:
-        """(start, end) of every line of ``low`` holding a keyword (first pass, leftmost-first).
+    def _rules_of(self, seen: tuple[int, ...]) -> frozenset[int]:
+        """The rules a line must see, given the patterns found in it (indexes, repeats allowed)."""
+        picked = frozenset().union(*[self.kw_of[i] for i in seen])
+        if not picked:
+            return picked
+        return self._resolve(picked, frozenset().union(*[self.sat_of[i] for i in seen]))
 
-        Non-overlapping matches still find every such line: the scan reaches each line's start
-        with no match in progress (keywords hold no newline), and from there the leftmost
-        keyword of the line is found."""
+    def _anchored(self, low: bytes, base: int, max_line: int) -> list[LineHit]:
+        """Both passes over one slice: the keyword lines first, then what they leave open."""
         assert self._anchors is not None
         find, rfind = low.find, low.rfind
-        spans = []
-        cur_end = -1
-        for _i, start, end in self._anchors.find_matches_as_indexes(low):
-            if start < cur_end:
-                continue
-            line_start = rfind(b"\n", 0, start) + 1
-            cur_end = find(b"\n", end)
-            if cur_end < 0:
-                cur_end = len(low)
-            spans.append((line_start, cur_end))
-        return spans
+        kinds = self._line_kind
+        # First pass: per line, the anchors found. A line is uncertain (``cut``) where one was cut
+        # off at max_line (a keyword inside it may still count) or may hide an overlapping
+        # keyword; the full pass over every pattern decides those.
+        lines: list[list] = []  # [start, end, rules]; rules None: a second pass decides
+        full: list[int] = []  # indexes into lines: every pattern decides
+        guard: list[tuple[int, frozenset[int]]] = []  # (index, its rules before the literals)
+        seen: list[int] = []
+        cur_start = cur_end = -1
+        cut = False
+        done, guarded, tails = self._DONE, self._GUARD, self._anchor_tails
+        startswith = low.startswith
+        # One more (end-of-slice) anchor settles the last line: the loop body is written once.
+        matches = self._anchors.find_matches_as_indexes(low)
+        matches.append((-1, len(low) + 1, len(low) + 1))
+        for a, start, end in matches:
+            if start >= cur_end:  # the first anchor of a later line: settle this one
+                if seen or cut:
+                    key = tuple(seen)
+                    got = None if cut else kinds.get(key)
+                    if got is None:
+                        if len(kinds) > 4096:
+                            kinds.clear()  # bounded: a hostile mix of keywords cannot grow it forever
+                        got = (self._FULL, frozenset()) if cut else self._kind_of(key)
+                        if not cut:
+                            kinds[key] = got
+                    kind, rules = got
+                    if kind == done:
+                        lines.append([cur_start, cur_end, rules])
+                    else:
+                        if kind == guarded:
+                            guard.append((len(lines), rules))
+                        else:
+                            full.append(len(lines))
+                        lines.append([cur_start, cur_end, None])
+                if a < 0:
+                    break
+                cur_start = rfind(b"\n", 0, start) + 1
+                cur_end = find(b"\n", end)
+                if cur_end < 0:
+                    cur_end = len(low)
+                seen = []
+                cut = False
+            if end - cur_start <= max_line and not (tails[a] and startswith(tails[a], end)):
+                seen.append(a)
+            else:
+                cut = True  # a keyword cut off at max_line, or one overlapping this anchor: the full pass decides
+        if full:
+            spans = [(lines[k][0], lines[k][1]) for k in full]
+            for k, rules in zip(full, self._second_pass(low, spans, max_line)):
+                lines[k][2] = rules
+        if guard:
+            spans = [(lines[k][0], lines[k][1]) for k, _r in guard]
+            for (k, picked), satisfied in zip(guard, self._literals_in(low, spans, max_line)):
+                lines[k][2] = self._resolve(picked, satisfied)
+        return [(base + s, base + e, r) for s, e, r in lines if r]
 
-    def _two_pass(self, low: bytes, base: int, max_line: int) -> list[LineHit]:
-        out: list[LineHit] = []
-        spans = self._keyword_lines(low)
-        if not spans:
-            return out
-        kw_of, sat_of, resolve = self.kw_of, self.sat_of, self._resolve
-        # The second pass runs over the keyword lines alone, joined by newlines; a match's
-        # offset there maps back to its line by walking the spans in order.
+    def _line_walk(self, ac: "BytesAhoCorasick", low: bytes, spans: Sequence[tuple[int, int]],
+                   max_line: int) -> list[list[int]]:
+        """Per span, the indexes of the patterns of ``ac`` found in it (overlapping, within
+        max_line), from one search over the spans joined by newlines."""
+        out: list[list[int]] = [[] for _ in spans]
         joined = b"\n".join([low[a:b] for a, b in spans])
-        empty: frozenset[int] = frozenset()
-        picked = satisfied = empty
-        j = 0
-        j_start, j_end = 0, spans[0][1] - spans[0][0]
-        for i, start, end in self._ac.find_matches_as_indexes(joined, overlapping=True):  # type: ignore[union-attr]
-            while start > j_end:  # a later line (a match never holds the newline between them)
-                if picked:
-                    rules = resolve(picked, satisfied)
-                    if rules:
-                        out.append((base + spans[j][0], base + spans[j][1], rules))
-                picked = satisfied = empty
-                j += 1
-                j_start = j_end + 1
-                j_end = j_start + spans[j][1] - spans[j][0]
-            if end - j_start > max_line:
-                continue
-            kp, sp = kw_of[i], sat_of[i]
-            if kp and not kp <= picked:
-                picked = picked | kp
-            if sp and not sp <= satisfied:
-                satisfied = satisfied | sp
-        if picked:
-            rules = resolve(picked, satisfied)
-            if rules:
-                out.append((base + spans[j][0], base + spans[j][1], rules))
+        ends = list(accumulate([b - a + 1 for a, b in spans]))  # line j ends (its newline) at ends[j] - 1
+        j, j_start, j_end = 0, 0, ends[0] - 1
+        seen = out[0]
+        for i, start, end in ac.find_matches_as_indexes(joined, overlapping=True):
+            if start > j_end:  # a later line (a match never holds the newline between two)
+                while start > j_end:
+                    j += 1
+                    j_start, j_end = j_end + 1, ends[j] - 1
+                seen = out[j]
+            if end - j_start <= max_line:
+                seen.append(i)
         return out
+
+    def _second_pass(self, low: bytes, spans: Sequence[tuple[int, int]], max_line: int) -> list[frozenset[int]]:
+        """The rules of each span, from every pattern (keywords and literals) it holds."""
+        known = self._known
+        out = []
+        for seen in self._line_walk(self._ac, low, spans, max_line):  # type: ignore[arg-type]
+            key = tuple(seen)
+            rules = known.get(key)
+            if rules is None:
+                if len(known) > 4096:
+                    known.clear()  # bounded, as above
+                rules = known[key] = self._rules_of(key) if key else frozenset()
+            out.append(rules)
+        return out
+
+    def _literals_in(self, low: bytes, spans: Sequence[tuple[int, int]], max_line: int) -> list[frozenset[int]]:
+        """Per span, the guarded rules whose required literal it holds."""
+        if self._lit_ac is None:
+            return [frozenset() for _ in spans]
+        sat = self._lit_sat
+        return [frozenset().union(*[sat[i] for i in seen]) if seen else frozenset()
+                for seen in self._line_walk(self._lit_ac, low, spans, max_line)]
 
     def _slice(self, buf: bytes, base: int, stop: int, max_line: int) -> list[LineHit]:
         """The lines of ``buf[base:stop]`` (whole lines) a rule must see, with absolute offsets."""
         low = buf[base:stop].lower()
         if self._anchors is not None:
-            return self._two_pass(low, base, max_line)
+            return self._anchored(low, base, max_line)
         out: list[LineHit] = []
         find, rfind = low.find, low.rfind
         kw_of, sat_of, resolve = self.kw_of, self.sat_of, self._resolve

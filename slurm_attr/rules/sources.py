@@ -14,7 +14,7 @@ from ..config import Config
 from ..errors import UnsafePath
 from ..model import Coverage, Symptom
 from .catalog import Catalog, load_catalog
-from . import parallel
+from . import parallel, wire
 from .extract import extract_buffer, merge
 
 SCHEDULER_CAP = 4 << 20  # per scheduler log file
@@ -96,7 +96,7 @@ def analyze(bundle: Bundle, cfg: Config) -> tuple[list[Symptom], list[Coverage]]
     nodes = bundle.nodes()
     ranks = bundle.ranks()
     tasks = _tasks(bundle, cfg, nodes)
-    for found, cov in parallel.run(bundle, catalog, tasks, _read_task):
+    for found, cov in parallel.run(bundle, catalog, tasks, _read_task, codec=wire):
         symptoms.extend(found)
         coverage.extend(cov)
     for rule in catalog.job_rules:

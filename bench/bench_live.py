@@ -12,7 +12,14 @@ watcher's CPU per node at 8 ranks, each against a named peer measured in the sam
    write the summary) repeated --cycles times; CPU seconds per cycle = share of one core at
    interval_s = 1. Peer: the post-mortem reader (probe.reader.read_node) on the same files.
    Goal: <= 1 % of one core.
-3. With --latency-runs N: the probe harness (spank/build/tests/probe_harness, `make -C spank
+3. Straggler (slow.py, S1): the same --ranks records with header rings (world, tp and dp
+   collectives; one rank enters every world collective 30 ms late); the node cycles read the
+   rings into the summaries once, then --straggler-cycles leader cycles each join 16 newer
+   collectives per communicator (the summaries' entries shifted between cycles, untimed;
+   16: the world communicator's sampling stride at 4096 ranks).
+   Timed: the whole leader cycle, and slow.py's part of it. Peer: probe.analyze as in 1.
+   Goal: the leader cycle <= 1 s at 4096 ranks. Skipped with --straggler-cycles 0.
+4. With --latency-runs N: the probe harness (spank/build/tests/probe_harness, `make -C spank
    test`) plays an 8-rank job here that stalls (--scenario, default nonentry) after ~300
    collectives; two watchers (4 ranks each, interval_s 0.5, hang_after_s --hang-after) run
    beside it; detection latency = finding time - the stall's last recorded event, p50/max
@@ -106,6 +113,95 @@ def latency(runs: int, scenario: str, hang_after: float, root: str) -> None:
               f"max {max(lat):.2f} s, against hang_after_s = {hang_after} (interval_s 0.5)")
 
 
+def _with_rings(recs: dict, victim: int, late_ms: float = 30.0) -> dict:
+    """Header rings for make_records' records: the last 20 collectives of each of the three
+    communicators (world slot 0, tp 1, dp 2), 50 ms apart; ``victim`` enters world ones late."""
+    from slurm_attr.probe import layout as L
+    from slurm_attr.probe.record import parse_header
+
+    out = {}
+    for key, data in recs.items():
+        rec = parse_header(data, "", "")
+        buf = bytearray(data)
+        mono0 = rec.create_mono_ns
+        pos = 0
+        for slot, base in ((0, 1980), (1, 9980), (2, 280)):
+            h = L.SLOT_FIXED.unpack_from(data, L.HDR_SIZE + slot * L.SLOT_SIZE)[0]
+            for opi in range(base, base + 20):
+                late = int(late_ms * 1e6) if (slot == 0 and key[1] == victim) else (key[1] * 7919 % 1000) * 1000
+                v = dict.fromkeys(L.HRING_NAMES, 0)
+                v.update(tag=pos + 1, slot=slot, func=4, kind=1, comm_hash=h, seq=opi, count=1 << 20,
+                         start_ns=mono0 + opi * 50_000_000 + late, opi=opi)
+                L.HRING_ENT.pack_into(buf, L.RING_OFF + pos * L.HRING_ENT.size, *(v[n] for n in L.HRING_NAMES))
+                pos += 1
+        out[key] = bytes(buf)
+    return out
+
+
+def straggler(ranks: int, per_node: int, cycles: int, runs: int, root: str) -> None:
+    import json
+
+    victim = ranks // 2 + 5
+    recs = _with_rings(make_records(ranks, per_node, victim=-1), victim)
+    bundle = os.path.join(root, "bundle")
+    write_bundle(bundle, recs, {"job_id": JOB})
+    jobdirs: dict[str, str] = {}
+    for (node, rank), data in recs.items():
+        d = jobdirs.setdefault(node, os.path.join(root, "ev", node, JOB))
+        os.makedirs(os.path.join(d, "probe"), exist_ok=True)
+        with open(os.path.join(d, "probe", f"rank{rank}.probe"), "wb") as f:
+            f.write(data.rstrip(b"\0"))
+            f.truncate(len(data))
+    cfg = Config()
+    cfg.paths.spool = os.path.join(root, "spool")
+    os.makedirs(cfg.paths.spool)
+    cfg.live.hang_after_s = 1e9
+    nodes = sorted(jobdirs)
+    ws = [Watcher(cfg, JOB, n, jobdirs[n], leader=(n == nodes[0]), nnodes=len(nodes), show_job=lambda j: None)
+          for n in nodes]
+    t0 = time.perf_counter()
+    for w in ws:
+        w.node_cycle(0.0)
+    node_s = (time.perf_counter() - t0) / len(ws)
+    leader = ws[0]
+    sdir = os.path.join(leader.live_dir, leader.sum_dir)
+    base = {n: json.load(open(os.path.join(sdir, f"{n}.json"))) for n in nodes}
+    slow_t: list[float] = []
+    orig = leader.slow.cycle
+
+    def timed(*args, **kw):
+        t = time.perf_counter()
+        try:
+            return orig(*args, **kw)
+        finally:
+            slow_t.append(time.perf_counter() - t)
+
+    leader.slow.cycle = timed
+    whole, found = [], []
+    for i in range(cycles):
+        for n, s in base.items():  # 16 newer collectives per communicator since the last cycle
+            s2 = dict(s, now_ns=time.time_ns(), slow=dict(s["slow"], e=[
+                [h, cr, [[o + 16 * i, t + 16 * i * 50_000, fn] for o, t, fn in ents]] for h, cr, ents in s["slow"]["e"]]))
+            with open(os.path.join(sdir, f".{n}.tmp"), "w") as f:
+                json.dump(s2, f)
+            os.rename(os.path.join(sdir, f".{n}.tmp"), os.path.join(sdir, f"{n}.json"))
+        t = time.perf_counter()
+        found += [f for f in leader.leader_cycle(float(i + 1)) if f.get("kind") == "slow"]
+        whole.append(time.perf_counter() - t)
+    peer = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        analyze(Bundle(bundle), cfg)
+        peer.append(time.perf_counter() - t)
+    s1 = [f for f in found if f["class"] == "S1"]
+    steady = whole[1:] or whole
+    print(f"straggler, {ranks} ranks on {len(nodes)} nodes, {cycles} leader cycles: leader cycle {_stats(steady)} s "
+          f"(slow.py part {_stats(slow_t[1:] or slow_t)} s); peer probe.analyze {_stats(peer)} s; ratio leader/peer "
+          f"(median) {statistics.median(steady) / statistics.median(peer):.2f}; goal <= 1 s; node cycle with rings "
+          f"{node_s * 1e3:.1f} ms per node")
+    print(f"  S1: {s1[0]['what'] if s1 else 'none'} (victim rank {victim}; error {leader.slow.error})")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ranks", type=int, default=4096)
@@ -116,7 +212,11 @@ def main() -> int:
     ap.add_argument("--latency-runs", type=int, default=0)
     ap.add_argument("--scenario", default="nonentry")
     ap.add_argument("--hang-after", type=float, default=5.0)
+    ap.add_argument("--straggler-cycles", type=int, default=40)
     a = ap.parse_args()
+    if a.straggler_cycles:
+        with tempfile.TemporaryDirectory(dir=a.dir) as root:
+            straggler(a.ranks, a.per_node, a.straggler_cycles, a.runs, root)
     if a.latency_runs:
         with tempfile.TemporaryDirectory(dir=a.dir) as root:
             latency(a.latency_runs, a.scenario, a.hang_after, root)

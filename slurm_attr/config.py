@@ -151,6 +151,36 @@ class Live:
     hang_after_s: float = 60.0
     # How often each node's watcher reads its ranks' probe records.
     interval_s: float = 1.0
+    # On a detected hang: "record" the finding only; "dump" also pulls every rank's Flight
+    # Recorder (debug pipe, worker server) and Python stacks into the live spool while the
+    # ranks still run; "cancel" also scancels the job when two sources agree (the probe's
+    # detection and the dumped FR/stacks), saving the GPUs' remaining time.
+    on_hang: str = "dump"
+    # The same dumps this many seconds before the job's end time (a job killed at its time
+    # limit leaves no FR dump of its own); 0 = never.
+    dump_before_end_s: float = 60.0
+    # Slow anomalies (slurm_attr/live/slow.py; informational findings, never a drain).
+    # S1 straggler: one rank last to enter in >= straggler_share of the last slow_window
+    # collectives (at least slow_min_samples), by >= straggler_min_gap_ms (clock resolution and
+    # NTP skew sit below it), and the job waited on it >= straggler_min_wait of its run time.
+    slow_window: int = 500
+    slow_min_samples: int = 30
+    straggler_share: float = 0.5
+    straggler_min_gap_ms: float = 5.0
+    straggler_min_wait: float = 0.02
+    # S2 slow link: a rank pair whose sends sit in the network (SendWait) >= link_outlier_ratio x
+    # the median pair and link_outlier_mads robust deviations (MAD) above it, among at least
+    # link_min_pairs pairs seen link_min_samples cycles each; below link_min_send_wait (steps in
+    # SendWait per cycle) a pair is never slow.
+    link_outlier_ratio: float = 4.0
+    link_outlier_mads: float = 5.0
+    link_min_send_wait: float = 0.25
+    link_min_pairs: int = 4
+    link_min_samples: int = 30  # at 10, a healthy 8-rank harness job's busiest pair crossed 7x by chance
+    # S3 slow phase: the last phase_window collectives came phase_factor x slower than before
+    # for every rank together, with no rank entering late.
+    phase_factor: float = 3.0
+    phase_window: int = 20
 
 
 @dataclass
@@ -184,6 +214,7 @@ class Config:
 _KERNEL_SOURCES = ("journalctl", "dmesg", "file")
 _COMMENT_FIELDS = ("Comment", "AdminComment")
 _SLURM_BACKENDS = ("auto", "cli", "pyslurm")
+_ON_HANG = ("record", "dump", "cancel")
 
 
 def _coerce(section: str, key: str, want: type, value: Any) -> Any:
@@ -234,6 +265,13 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("[collect] job_cap_bytes: must be positive")
     if cfg.live.hang_after_s <= 0 or not 0.05 <= cfg.live.interval_s <= 60:
         raise ConfigError("[live] hang_after_s must be > 0 and interval_s within 0.05..60")
+    if cfg.live.on_hang not in _ON_HANG or cfg.live.dump_before_end_s < 0:
+        raise ConfigError(f"[live] on_hang must be one of {', '.join(_ON_HANG)} and dump_before_end_s >= 0")
+    lv = cfg.live
+    if (min(lv.slow_window, lv.slow_min_samples, lv.link_min_pairs, lv.link_min_samples, lv.phase_window) < 1
+            or not 0 < lv.straggler_share <= 1 or lv.phase_factor <= 1 or lv.link_outlier_ratio <= 1):
+        raise ConfigError("[live] slow_*/link_*/phase_* counts must be >= 1, straggler_share within 0..1, "
+                          "phase_factor and link_outlier_ratio > 1")
     if cfg.drain.max_drains < 0 or cfg.drain.window_s <= 0:
         raise ConfigError("[drain] max_drains must be >= 0 and window_s > 0")
 

@@ -55,8 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     from .watcher import Watcher
 
     _quiet_priority()
+    from .prekill import show_job
+
+    # the leader reads the job's EndTime and GPUs from Slurm once (dumps before the end, cancel)
     Watcher(cfg, a.job, node, a.jobdir, leader=a.leader, nnodes=a.nnodes, gid=a.gid,
-            stepd_pid=a.stepd_pid, step=a.step).run(max_cycles=a.cycles)
+            stepd_pid=a.stepd_pid, step=a.step,
+            show_job=(lambda j: show_job(cfg, j)) if a.leader else None).run(max_cycles=a.cycles)
     return 0
 
 

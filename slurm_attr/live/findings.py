@@ -44,7 +44,9 @@ def load(spool: str, job: str) -> dict[str, Any] | None:
     if not docs:
         return None
     covs = [f"step {d['step']}: {d['coverage']}" for d in docs if isinstance(d.get("coverage"), str)]
-    return {"job": job, "findings": [f for d in docs for f in d["findings"]], "coverage": "; ".join(covs)}
+    dumps = [x for d in docs for x in (d.get("dumps") if isinstance(d.get("dumps"), list) else ())]
+    return {"job": job, "findings": [f for d in docs for f in d["findings"]], "coverage": "; ".join(covs),
+            "dumps": dumps}
 
 
 def save(spool: str, job: str, step: str, doc: dict[str, Any], gid: int | None) -> None:
@@ -73,6 +75,8 @@ def headline(f: dict[str, Any]) -> str:
     waiting since 14:01:05"."""
     syms = [s for s in f.get("symptoms") or () if isinstance(s, dict)]
     cls = f.get("class")
+    if f.get("kind") == "slow":  # S1-S3 (slow.py): the job runs on, only slower
+        return f"{f.get('title') or 'slow'} detected {_clock(f.get('detected'))}: {f.get('what')} [{cls}]"
     first = syms[0] if syms else {}
     fields = first.get("fields") or {}
     if cls == "H1" and syms:
@@ -90,8 +94,44 @@ def headline(f: dict[str, Any]) -> str:
     return f"hang detected {_clock(f.get('detected'))}: {what} [{cls}, {f.get('label')}]{since}"
 
 
+def stack_lines(stacks: Any, culprits: Any = ()) -> list[str]:
+    """"rank 1 (n2) is at /home/u/train.py:212 in step" per rank the dumps reached: the
+    culprits first (the ranks the others wait for), then the waiting ones."""
+    rows = [s for s in stacks if isinstance(s, dict)] if isinstance(stacks, list) else []
+    first = {r for r in culprits or () if isinstance(r, int)}
+    rows.sort(key=lambda s: (s.get("rank") not in first, s.get("rank") if isinstance(s.get("rank"), int) else 0))
+    return [f"rank {s.get('rank')} ({s.get('node')}) is at {s.get('at')}" for s in rows[:16]]
+
+
+def dump_line(d: Any) -> str | None:
+    """What the pre-kill dumps reached: "dumps 14:02:12 (hang): 2 of 2 node(s), FR of ranks 0,1,
+    1 pipe(s) written, 0.41 s after the request"."""
+    if not isinstance(d, dict):
+        return None
+    fr = [r for r in d.get("fr_ranks") or () if isinstance(r, int)]
+    lat = d.get("latency_s")
+    return (f"dumps {_clock(d.get('requested'))} ({d.get('reason')}): {d.get('nodes_answered')} of "
+            f"{d.get('nodes') or '?'} node(s), FR of {_ranks(fr) if fr else 'no rank'}, "
+            f"{d.get('pipes_sent', 0)} pipe(s) written" + (f", {lat} s after the request" if lat is not None else ""))
+
+
 def lines(doc: dict[str, Any]) -> list[str]:
-    out = [headline(f) for f in doc.get("findings", []) if isinstance(f, dict)]
+    out = []
+    for f in doc.get("findings", []):
+        if not isinstance(f, dict):
+            continue
+        out.append(headline(f))
+        out += [f"  {ln}" for ln in stack_lines(f.get("stacks"), f.get("ranks"))]
+        if (dl := dump_line(f.get("dumps"))) is not None:
+            out.append(f"  {dl}")
+        c = f.get("cancel")
+        if isinstance(c, dict):
+            saved = f", {c.get('gpu_minutes_saved')} GPU-minutes saved" if c.get("gpu_minutes_saved") is not None else ""
+            out.append(f"  {'cancelled' if c.get('done') else 'not cancelled'}: {c.get('why')}{saved}")
+    for d in doc.get("dumps") or ():
+        if (dl := dump_line(d)) is not None:
+            out.append(dl)
+            out += [f"  {ln}" for ln in stack_lines(d.get("stacks"))]
     cov = doc.get("coverage")
     if isinstance(cov, str) and cov:
         out.append(f"live watch: {cov}")

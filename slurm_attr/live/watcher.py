@@ -17,9 +17,11 @@ from typing import Any, Callable
 from .. import safefs
 from ..config import Config
 from ..errors import UnsafePath
-from . import classify, findings, store
+from . import classify, findings, slow, store
 from .detect import Tracker
-from .nodeview import LocalStall, read_local, read_snapshot, summarize
+from .frdetect import FrTracker, poll_period
+from .prekill import LeaderDumps, NodeDumps
+from .nodeview import LocalStall, current, read_local, read_snapshot, summarize
 
 MAX_NODES = 8192
 STALE_CYCLES = 10  # a summary older than this many intervals: its watcher is gone
@@ -38,7 +40,9 @@ def _proc_start(pid: int) -> str | None:
 class Watcher:
     def __init__(self, cfg: Config, job: str, node: str, jobdir: str, leader: bool = False,
                  nnodes: int = 0, gid: int | None = None, stepd_pid: int | None = None,
-                 clock: Callable[[], float] = time.monotonic, step: str = "0"):
+                 clock: Callable[[], float] = time.monotonic, step: str = "0",
+                 end_ns: int | None = None, gpus: int | None = None,
+                 show_job: Callable[[str], dict[str, str] | None] | None = None):
         if not store.valid_node(node):
             raise ValueError(f"bad node name {node!r}")
         if not store.valid_step(step):
@@ -48,18 +52,32 @@ class Watcher:
         self.live_dir = store.ensure_job_dir(cfg.paths.spool, job)
         self.local = LocalStall(max(2 * cfg.live.interval_s, cfg.live.hang_after_s / 2))
         self.tracker = Tracker(cfg.live.hang_after_s)
+        self.slow = slow.SlowTracker(cfg.live, job, step)  # S1-S3 (slow.py)
         self.snap_digest: dict[str, bytes] = {}
         self.stepd = (stepd_pid, _proc_start(stepd_pid)) if stepd_pid else None
         self.sum_dir = f"summary/{step}"
         self.step_dir = os.path.join(self.live_dir, "steps", step)  # bundle-shaped snapshots
         self.doc: dict[str, Any] = findings.load_step(cfg.paths.spool, job, step) or {"findings": []}
         self.cycles = 0
+        # evidence before the kill (prekill.py): every node serves the leader's dump requests
+        # and, for jobs without probe records, polls its ranks' FR for frdetect.py
+        self.node_dumps = NodeDumps(self.live_dir, job, step, node, jobdir)
+        self.fr_poll_s = poll_period(cfg.live.interval_s, cfg.live.hang_after_s)
+        self.last_fr: dict[str, Any] = {}
+        self.fr_tracker = FrTracker(cfg.live.hang_after_s)
+        self.leader_dumps = LeaderDumps(cfg, job, step, self.live_dir, nnodes, end_ns=end_ns, gpus=gpus,
+                                        show_job=show_job) if leader else None
 
     # ---- the node's part --------------------------------------------------------------
     def node_cycle(self, now: float) -> dict[str, Any]:
         records, problems, sizes = read_local(self.jobdir, self.node)
         summary = summarize(self.job, self.node, records, problems)
         summary["seq"] = self.cycles
+        if not summary["comms"]:  # no probe records here: the ranks' own FR, where they serve it
+            fr = self.node_dumps.poll(now, self.fr_poll_s)
+            self.last_fr = fr if fr is not None else self.last_fr
+            summary["fr"] = self.last_fr
+        summary["slow"] = slow.node_part(self.jobdir, current(records))  # collective entry times (S1/S3)
         if self.local.update(summary, now):
             summary["snapshots"] = self._snapshot(sizes)
         elif self.snap_digest:
@@ -117,9 +135,15 @@ class Watcher:
             f = classify.finding(hang, self.cfg, self.step_dir, self.job)
             f["step"] = self.step
             new.append(f)
+        if not any(s.get("comms") for s in sums):  # no probe anywhere: the FR poll's view
+            for f in self.fr_tracker.update(sums, now, self.job):
+                f["step"] = self.step
+                new.append(f)
+        changed = self._prekill([f for f in new if f.get("kind") != "slow"])
+        new += self.slow.cycle(sums, self.doc)  # S1-S3: new slow findings, standing ones refreshed
         reporting = f"{len(sums)} of {self.nnodes or '?'} node(s) reporting"
         cov = "; ".join([reporting] + problems[:3])
-        if new or cov != self.doc.get("coverage"):
+        if new or changed or cov != self.doc.get("coverage"):
             self.doc["findings"] = self.doc.get("findings", []) + new
             self.doc["coverage"] = cov
             findings.save(self.cfg.paths.spool, self.job, self.step, self.doc, self.gid)
@@ -134,11 +158,30 @@ class Watcher:
             return start is not None and start == self.stepd[1]
         return True
 
+    def _prekill(self, hangs: list[dict[str, Any]]) -> bool:
+        """The leader asks every node for dumps on a new hang or before the job's end, and
+        merges their answers into the finding; True when the findings changed."""
+        ld = self.leader_dumps
+        if ld is None:
+            return False
+        if ld.open is None and hangs and self.cfg.live.on_hang != "record":
+            ld.request("hang", hangs[0])
+        ld.facts()
+        if ld.open is None and ld.due_before_end(time.time_ns()):
+            ld.before_end_done = True
+            ld.request("before_end", None)
+        return ld.settle(self.doc)
+
     def cycle(self) -> list[dict[str, Any]]:
         now = self.clock()
         self.cycles += 1
         self.node_cycle(now)
-        return self.leader_cycle(now) if self.leader else []
+        new = self.leader_cycle(now) if self.leader else []
+        if self.node_dumps.serve() is not None and self.leader_dumps is not None:
+            # the leader's own node answered in this cycle: one node's job is settled now
+            if self.leader_dumps.settle(self.doc):
+                findings.save(self.cfg.paths.spool, self.job, self.step, self.doc, self.gid)
+        return new
 
     def run(self, max_cycles: int | None = None) -> None:
         interval = self.cfg.live.interval_s

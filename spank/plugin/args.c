@@ -160,6 +160,14 @@ int sattr_config_parse_arg(struct sattr_config *cfg, const char *arg, char *err,
 		return sattr_set_path(cfg->live_watcher, sizeof(cfg->live_watcher), "live_watcher",
 				      val, 0, err, errlen);
 	}
+	if (SATTR_KEY("worker_hook")) {
+		if (*val == '\0') {
+			cfg->worker_hook[0] = '\0';
+			return 0;
+		}
+		return sattr_set_path(cfg->worker_hook, sizeof(cfg->worker_hook), "worker_hook",
+				      val, 0, err, errlen);
+	}
 	if (SATTR_KEY("nccl_debug")) {
 		if (strcasecmp(val, "WARN") == 0 || strcasecmp(val, "INFO") == 0) {
 			snprintf(cfg->nccl_debug, sizeof(cfg->nccl_debug), "%s",

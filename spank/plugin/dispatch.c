@@ -94,6 +94,19 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
 	return 0;
 }
 
+/* Each task, as the user, before exec: the per-rank worker-server socket (worker_hook=). */
+int slurm_spank_task_init(spank_t sp, int ac, char **av)
+{
+	const struct sattr_config *cfg;
+
+	if (spank_context() != S_CTX_REMOTE)
+		return 0;
+	cfg = sattr_config(ac, av);
+	if (cfg->worker_hook[0] != '\0' && sattr_enabled_remote(sp, cfg))
+		sattr_env_apply_task(sp, cfg);
+	return 0;
+}
+
 int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
 {
 	static int attempted;

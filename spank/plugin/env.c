@@ -88,3 +88,39 @@ void sattr_env_apply(spank_t sp, const struct sattr_config *cfg, int enabled)
 out:
 	free(plan);
 }
+
+/* task_init, each task: the per-rank worker-server socket and the start-up hook
+ * (envplan.c sattr_env_plan_task; only with worker_hook= set). */
+void sattr_env_apply_task(spank_t sp, const struct sattr_config *cfg)
+{
+	struct sattr_env_plan *plan = NULL;
+	struct sattr_env_request req;
+	char job_id[SATTR_ID_MAX];
+	char jobdir[PATH_MAX];
+	uint32_t rank;
+	spank_err_t rc;
+	size_t i;
+
+	if (cfg->worker_hook[0] == '\0' || sattr_item_job_id(sp, job_id) != 0)
+		return;
+	rc = spank_get_item(sp, S_TASK_GLOBAL_ID, &rank);
+	if (rc != ESPANK_SUCCESS) {
+		sattr_error("spank_get_item S_TASK_GLOBAL_ID: %s", spank_strerror(rc));
+		return;
+	}
+	if (sattr_jobdir_path(cfg, job_id, jobdir, sizeof(jobdir)) != 0)
+		return;
+	plan = calloc(1, sizeof(*plan));
+	if (plan == NULL)
+		return;
+	req = (struct sattr_env_request){
+		.cfg = cfg, .jobdir = jobdir, .lookup = sattr_spank_lookup, .ctx = sp,
+	};
+	if (sattr_env_plan_task(&req, rank, plan) == 0) {
+		for (i = 0; i < plan->n_notes; i++)
+			sattr_info("job %s: %s", job_id, plan->notes[i]);
+		for (i = 0; i < plan->n_ops; i++)
+			sattr_apply_op(sp, &plan->ops[i]);
+	}
+	free(plan);
+}

@@ -24,6 +24,8 @@
 #define LD_PATH "LD_LIBRARY_PATH"
 #define ATTR_DIR "SLURM_ATTR_DIR"
 #define ATTR_PROBE_DIR "SLURM_ATTR_PROBE_DIR"
+#define WS_SOCKET "TORCH_WORKER_SERVER_SOCKET"
+#define PY_PATH "PYTHONPATH"
 
 enum sattr_owner { SATTR_ABSENT, SATTR_OURS, SATTR_USER };
 
@@ -244,10 +246,76 @@ int sattr_env_plan_on(const struct sattr_env_request *req, struct sattr_env_plan
 	return 0;
 }
 
+/* dir first on the ':'-list var, unless it is already. */
+static int sattr_prepend_dir(const struct sattr_env_request *req, struct sattr_env_plan *plan,
+			     const char *var, const char *dir)
+{
+	int rc = sattr_get(req, plan, var);
+
+	if (rc < 0)
+		return -1;
+	if (rc == 0 || plan->scratch[0] == '\0')
+		return sattr_addf(plan, var, 1, "%s", dir);
+	if (sattr_first_component_is(plan->scratch, dir))
+		return 0;
+	return sattr_addf(plan, var, 1, "%s:%s", dir, plan->scratch);
+}
+
+/* Remove dir where it is the first component of var (ours, put there by a plan). */
+static void sattr_strip_dir(const struct sattr_env_request *req, struct sattr_env_plan *plan,
+			    const char *var, const char *dir)
+{
+	size_t dlen = strlen(dir);
+
+	if (sattr_get(req, plan, var) != 1 || !sattr_first_component_is(plan->scratch, dir))
+		return;
+	if (plan->scratch[dlen] == '\0')
+		sattr_unset(plan, var);
+	else
+		sattr_addf(plan, var, 1, "%s", plan->scratch + dlen + 1);
+}
+
+/*
+ * torch's worker server per rank (issue 14): the live watcher pulls each rank's Flight
+ * Recorder and Python stacks from it while a hang lasts. Per task, because the socket is
+ * per rank; only where the site opted in (worker_hook=) and user_init exported this job's
+ * evidence dir (attribution on, the dir usable). A user's own TORCH_WORKER_SERVER_SOCKET
+ * means the user runs the server (torch's worker_main): then the hook is not added either,
+ * so two servers never race for one path.
+ */
+int sattr_env_plan_task(const struct sattr_env_request *req, unsigned int rank,
+			struct sattr_env_plan *plan)
+{
+	const char *hook = req->cfg->worker_hook;
+	char path[PATH_MAX];
+	enum sattr_owner c;
+	int n;
+
+	plan->n_ops = 0;
+	plan->n_notes = 0;
+	if (hook[0] == '\0')
+		return 0;
+	if (sattr_get(req, plan, ATTR_DIR) != 1 || strcmp(plan->scratch, req->jobdir) != 0)
+		return 0;
+	n = snprintf(path, sizeof(path), "%s/ws/rank_%u.sock", req->jobdir, rank);
+	if (n < 0 || (size_t)n >= sizeof(path))
+		return -1;
+	c = sattr_classify(req, plan, WS_SOCKET);
+	if (c == SATTR_USER) {
+		sattr_note(plan, "user set %s; worker server hook not added", WS_SOCKET);
+		return 0;
+	}
+	if (sattr_addf(plan, WS_SOCKET, c == SATTR_OURS, "%s", path) != 0)
+		return 0;
+	if (sattr_prepend_dir(req, plan, PY_PATH, hook) != 0)
+		plan->n_ops = 0; /* no hook on the path: no socket variable either */
+	return 0;
+}
+
 int sattr_env_plan_off(const struct sattr_env_request *req, struct sattr_env_plan *plan)
 {
 	static const char *const paths[] = { FR_DUMP, FR_DUMP_LEGACY, FR_PIPE, ATTR_DIR,
-					     ATTR_PROBE_DIR };
+					     ATTR_PROBE_DIR, WS_SOCKET };
 	const char *lib = req->cfg->probe_lib;
 	char dir[SATTR_PATH_MAX];
 	size_t i, dlen;
@@ -264,6 +332,8 @@ int sattr_env_plan_off(const struct sattr_env_request *req, struct sattr_env_pla
 		    strcmp(plan->scratch, req->cfg->nccl_debug) == 0)
 			sattr_unset(plan, NCCL_DBG);
 	}
+	if (req->cfg->worker_hook[0] != '\0')
+		sattr_strip_dir(req, plan, PY_PATH, req->cfg->worker_hook);
 	if (lib[0] == '\0' || sattr_get(req, plan, NCCL_PROFILER) != 1 ||
 	    strcmp(plan->scratch, sattr_path_basename(lib)) != 0)
 		return 0;

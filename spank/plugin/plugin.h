@@ -38,6 +38,7 @@ SATTR_HIDDEN void sattr_rankmap_record(spank_t sp, const struct sattr_config *cf
 
 /* env.c: task environment */
 SATTR_HIDDEN void sattr_env_apply(spank_t sp, const struct sattr_config *cfg, int enabled);
+SATTR_HIDDEN void sattr_env_apply_task(spank_t sp, const struct sattr_config *cfg);
 
 /* watcher.c: the live watcher, started once per step and node (task 0) */
 SATTR_HIDDEN void sattr_watcher_start(spank_t sp, const struct sattr_config *cfg);

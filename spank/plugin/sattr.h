@@ -41,6 +41,7 @@ struct sattr_config {
 	char probe_lib[SATTR_PATH_MAX];     /* probe_lib=/abs/lib*.so; "" = probe off */
 	char nccl_debug[8];                 /* nccl_debug=WARN|INFO|off; "" = off */
 	char live_watcher[SATTR_PATH_MAX];  /* live_watcher=/abs/exe; "" = no live watch */
+	char worker_hook[SATTR_PATH_MAX];   /* worker_hook=/abs/dir (sitecustomize.py); "" = off */
 };
 
 /* ---- args.c: plugstack arguments and value parsing ---- */
@@ -109,6 +110,11 @@ SATTR_HIDDEN int sattr_env_plan_on(const struct sattr_env_request *req,
 /* For a disabled step: unset what an enclosing enabled step left behind. */
 SATTR_HIDDEN int sattr_env_plan_off(const struct sattr_env_request *req,
 				    struct sattr_env_plan *plan);
+/* Per task (task_init), only with worker_hook= set and attribution on for this job:
+ * TORCH_WORKER_SERVER_SOCKET=<jobdir>/ws/rank_<rank>.sock and the hook first on
+ * PYTHONPATH, unless the user set the socket variable (then neither). */
+SATTR_HIDDEN int sattr_env_plan_task(const struct sattr_env_request *req, unsigned int rank,
+				     struct sattr_env_plan *plan);
 
 /* ---- jobdir.c: the per-job evidence directory (root only, no spank) ---- */
 /*

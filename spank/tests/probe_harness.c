@@ -3,9 +3,12 @@
  *
  *   probe_harness run --plugin LIB --out DIR --scenario S [--ranks 8] [--per-node 2]
  *                     [--ops 12] [--inject 8] [--victim R] [--hang-ms 600] [--step-us 300]
- *                     [--api 5]
- *       play one scenario (healthy, nonentry, count, linkstall, killed) as a job whose
- *       records land in DIR/nodes/<node>/probe/, as the epilog will collect them
+ *                     [--delay-us N] [--api 5]
+ *       play one scenario (healthy, nonentry, count, linkstall, killed, straggler, slowlink)
+ *       as a job whose records land in DIR/nodes/<node>/probe/, as the epilog will collect
+ *       them; straggler: the victim (5) pauses --delay-us (20000) before every collective;
+ *       slowlink: each network send of the victim (3) to its world successor takes
+ *       --delay-us (2000) longer. Both complete.
  *   probe_harness selftest --plugin LIB [--quick] [--keep]
  *       every scenario and the robustness cases, checked; ends with "N passed, M failed"
  *   probe_harness layout
@@ -22,7 +25,12 @@
 
 static int default_victim(enum scenario sc)
 {
-    return sc == SC_COUNT ? 5 : sc == SC_HEALTHY || sc == SC_KILLED ? -1 : 3;
+    return sc == SC_COUNT || sc == SC_STRAGGLER ? 5 : sc == SC_HEALTHY || sc == SC_KILLED ? -1 : 3;
+}
+
+static int default_delay_us(enum scenario sc)
+{
+    return sc == SC_STRAGGLER ? 20000 : sc == SC_SLOWLINK ? 2000 : 0;
 }
 
 static int usage(void)
@@ -46,7 +54,7 @@ static int int_arg(const char *v, int lo, int hi, int *out)
 
 static int parse_job(int argc, char **argv, struct job_opts *o)
 {
-    int victim_set = 0;
+    int victim_set = 0, delay_set = 0;
     job_defaults(o);
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -73,6 +81,8 @@ static int parse_job(int argc, char **argv, struct job_opts *o)
             rc = int_arg(v, 0, 60000, &o->hang_ms);
         else if (!strcmp(a, "--step-us"))
             rc = int_arg(v, 0, 1000000, &o->step_us);
+        else if (!strcmp(a, "--delay-us"))
+            rc = int_arg(v, 0, 10000000, &o->delay_us), delay_set = 1;
         else if (!strcmp(a, "--api"))
             rc = int_arg(v, 3, 5, &o->api);
         else
@@ -83,6 +93,8 @@ static int parse_job(int argc, char **argv, struct job_opts *o)
     }
     if (!victim_set)
         o->victim = default_victim(o->sc);
+    if (!delay_set)
+        o->delay_us = default_delay_us(o->sc);
     return o->plugin && o->out ? 0 : -1;
 }
 
@@ -102,7 +114,8 @@ static int selftest(int argc, char **argv)
         enum scenario sc;
         int api;
     } plan[] = {{SC_HEALTHY, 5}, {SC_NONENTRY, 5}, {SC_COUNT, 5}, {SC_LINKSTALL, 5},
-                {SC_KILLED, 5}, {SC_HEALTHY, 4}, {SC_LINKSTALL, 4}, {SC_NONENTRY, 3}};
+                {SC_KILLED, 5}, {SC_HEALTHY, 4}, {SC_LINKSTALL, 4}, {SC_NONENTRY, 3},
+                {SC_STRAGGLER, 5}, {SC_SLOWLINK, 5}};
 
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--plugin") && i + 1 < argc)
@@ -124,6 +137,7 @@ static int selftest(int argc, char **argv)
         o.sc = plan[i].sc;
         o.api = plan[i].api;
         o.victim = default_victim(o.sc);
+        o.delay_us = default_delay_us(o.sc);
         o.quiet = 1;
         if (quick) { /* ThreadSanitizer runs are ~10x slower */
             o.ops = 6;

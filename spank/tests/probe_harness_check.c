@@ -136,6 +136,42 @@ static int any_wait(const struct sattr_slot *s)
     return 0;
 }
 
+/* Entry time (header ring) of world collective opi in a record, 0 when the ring lost it. */
+static uint64_t entered(const struct sattr_hdr *h, uint64_t opi)
+{
+    for (unsigned i = 0; i < SATTR_PROBE_HRING; i++) {
+        const struct sattr_hring_ent *e = &h->ring[i];
+        if (e->tag != 0 && (e->tag - 1) % SATTR_PROBE_HRING == i && e->kind == 1 &&
+            e->comm_hash == WORLD_HASH && e->opi == opi)
+            return e->start_ns;
+    }
+    return 0;
+}
+
+/* straggler: in the rings' world collectives the victim entered after every other rank
+ * (one clock: the ranks are processes of this machine) */
+static void check_straggler(struct tally *t, const struct job_opts *o, struct rank_rec *recs)
+{
+    int seen = 0, last = 0;
+    for (uint64_t opi = 0; opi < (uint64_t)o->ops; opi++) {
+        uint64_t tv = entered(recs[o->victim].hdr, opi), latest = 0;
+        int all = tv != 0;
+        for (int r = 0; r < o->ranks && all; r++) {
+            uint64_t tr = r == o->victim ? 0 : entered(recs[r].hdr, opi);
+            if (r != o->victim && tr == 0)
+                all = 0;
+            latest = tr > latest ? tr : latest;
+        }
+        if (!all)
+            continue;
+        seen++;
+        last += tv > latest;
+    }
+    check(t, seen >= 5 && last * 10 >= seen * 9,
+          "straggler: rank %d entered last in %d of %d world collectives in the rings", o->victim, last,
+          seen);
+}
+
 void check_scenario(struct tally *t, const struct job_opts *o)
 {
     struct rank_rec recs[64];
@@ -157,7 +193,7 @@ void check_scenario(struct tally *t, const struct job_opts *o)
     }
     struct sattr_slot *wv = v >= 0 ? find_slot(&recs[v], WORLD_HASH) : NULL;
     struct sattr_slot *wn = v >= 0 ? find_slot(&recs[(v + 1) % o->ranks], WORLD_HASH) : NULL;
-    if (o->sc == SC_HEALTHY) {
+    if (SC_COMPLETES(o->sc)) {
         int ok = 1;
         for (int r = 0; r < o->ranks; r++) {
             struct sattr_slot *w = find_slot(&recs[r], WORLD_HASH);
@@ -165,7 +201,14 @@ void check_scenario(struct tally *t, const struct job_opts *o)
                   !any_wait(w) && w->state == SATTR_SLOT_FINALIZED &&
                   w->send_done == w->send_posted && w->recv_done == w->recv_posted;
         }
-        check(t, ok, "healthy: every rank completed %d AllReduce, nothing in flight", o->ops);
+        check(t, ok, "%s: every rank completed %d AllReduce, nothing in flight", sc, o->ops);
+        if (o->sc == SC_STRAGGLER)
+            check_straggler(t, o, recs);
+        if (o->sc == SC_SLOWLINK) {
+            const struct sattr_peer *ps = find_peer(wv, (v + 1) % o->ranks);
+            check(t, ps && ps->send_done > 0 && ps->send_done == ps->send_posted,
+                  "slowlink: rank %d's slow sends to %d all completed", v, (v + 1) % o->ranks);
+        }
     } else if (o->sc == SC_NONENTRY) {
         int others = 1, inflight = 0;
         for (int r = 0; r < o->ranks; r++) {

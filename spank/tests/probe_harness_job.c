@@ -11,7 +11,10 @@
  * the ring's data dependencies. Faults: a rank that never launches one AllReduce
  * (nonentry), a rank with a different count (count), a send frozen on the network from
  * the victim to its successor (linkstall). Once every rank is stuck, the parent waits
- * hang_ms and SIGKILLs them all, as the epilog will find them.
+ * hang_ms and SIGKILLs them all, as the epilog will find them. Slow but complete: a rank
+ * that pauses delay_us before every collective it launches (straggler, a slow host or data
+ * loader), a network link whose sends from the victim to its world successor each take
+ * delay_us longer in SendWait (slowlink).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -33,7 +36,8 @@
 #define BLOCKED_MS 150   /* a wait this long counts as "stuck" */
 #define QCAP 64
 
-const char *const scenario_names[] = {"healthy", "nonentry", "count", "linkstall", "killed", NULL};
+const char *const scenario_names[] = {"healthy",   "nonentry", "count",    "linkstall",
+                                      "killed",    "straggler", "slowlink", NULL};
 
 enum { T_RUN, T_BLOCKED, T_FINISHED };
 
@@ -84,6 +88,7 @@ void job_defaults(struct job_opts *o)
     o->victim = -1;
     o->hang_ms = 600;
     o->step_us = 300;
+    o->delay_us = -1; /* per scenario: run_job picks */
     o->api = 5;
 }
 
@@ -205,6 +210,8 @@ static void run_op(struct rank_ctx *rc, const struct op *op)
         }
         if (is_fault(rc, SC_LINKSTALL, c, op->k) && t == T / 2)
             hang_forever(flag); /* posted to the network, never completes */
+        if (send_net && o->sc == SC_SLOWLINK && r == o->victim && c->ci == 0)
+            sleep_us(o->delay_us); /* a slow link: the send sits in SendWait this much longer */
         sleep_us(o->step_us);
         ST(&rc->shm->sent[c->ci][r], base + t + 1);
         if (sh)
@@ -266,6 +273,8 @@ static void app_loop(struct rank_ctx *rc)
                 hang_forever(flag); /* stuck on the CPU: never calls this AllReduce */
             if (is_fault(rc, SC_COUNT, c, k))
                 count /= 2;
+            if (o->sc == SC_STRAGGLER && rc->r == o->victim)
+                sleep_us(o->delay_us); /* late to every collective, as a slow host is */
             wait_ge(&rc->qhead, LD(&rc->qtail) - AHEAD, flag); /* CUDA queue depth */
             struct op *op = &rc->q[LD(&rc->qtail) % QCAP];
             op->c = c;
@@ -368,13 +377,19 @@ int run_job(const struct job_opts *o)
     struct shm *shm;
     pid_t pids[MAXR];
     int status, st[MAXR] = {0}, reaped[MAXR] = {0}, bad = 0, any_blocked = 0, killed = 0;
-    int ticks = 0;
+    int ticks = 0, max_ticks;
 
     if (o->ranks < 4 || o->ranks > MAXR || o->ranks % 2 || o->per_node < 1 ||
         o->ranks % o->per_node || o->inject >= o->ops) {
         fprintf(stderr, "probe_harness: bad job shape\n");
         return 2;
     }
+    if (o->delay_us < 0 && (o->sc == SC_STRAGGLER || o->sc == SC_SLOWLINK)) {
+        fprintf(stderr, "probe_harness: %s needs a delay\n", scenario_names[o->sc]);
+        return 2;
+    }
+    /* 60 s, and the time the injected delays add (collectives x steps x delay) */
+    max_ticks = 6000 + (int)((int64_t)o->ops * 2 * 2 * o->ranks * (o->delay_us > 0 ? o->delay_us : 0) / 10000);
     if (mkdirs(o->out, o->ranks / o->per_node) != 0) {
         fprintf(stderr, "probe_harness: cannot create %s: %s\n", o->out, strerror(errno));
         return 2;
@@ -411,7 +426,7 @@ int run_job(const struct job_opts *o)
             killed = 1;
             break;
         }
-        if (++ticks > 6000) { /* 60 s: the scenario never converged */
+        if (++ticks > max_ticks) { /* the scenario never converged */
             fprintf(stderr, "probe_harness: %s: ranks neither finished nor hung\n",
                     scenario_names[o->sc]);
             bad = 1;
@@ -437,11 +452,11 @@ int run_job(const struct job_opts *o)
             bad = 1;
         }
     }
-    if (o->sc == SC_HEALTHY && killed) {
-        fprintf(stderr, "probe_harness: healthy: the job hung\n");
+    if (SC_COMPLETES(o->sc) && killed) {
+        fprintf(stderr, "probe_harness: %s: the job hung\n", scenario_names[o->sc]);
         bad = 1;
     }
-    if (o->sc != SC_HEALTHY && o->sc != SC_KILLED && !killed && !bad) {
+    if (!SC_COMPLETES(o->sc) && o->sc != SC_KILLED && !killed && !bad) {
         fprintf(stderr, "probe_harness: %s: the job did not hang\n", scenario_names[o->sc]);
         bad = 1;
     }

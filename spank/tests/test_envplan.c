@@ -321,6 +321,74 @@ static void test_off(void)
 	CHECK(plan->n_ops == 0);
 }
 
+#define HOOK "/opt/slurm-attr/hook"
+
+/* task_init's plan: the per-rank worker-server socket and the hook on PYTHONPATH. */
+static int run_task(unsigned int rank, const char *const *pairs)
+{
+	struct fake_env env = { pairs };
+	struct sattr_env_request req = {
+		.cfg = &cfg, .jobdir = JOBDIR, .lookup = fake_lookup, .ctx = &env,
+	};
+
+	return sattr_env_plan_task(&req, rank, plan);
+}
+
+static void test_worker_server(void)
+{
+	static const char *const on[] = { "SLURM_ATTR_DIR", JOBDIR, NULL };
+	static const char *const py[] = { "SLURM_ATTR_DIR", JOBDIR, "PYTHONPATH", "/home/u/lib", NULL };
+	static const char *const again[] = { "SLURM_ATTR_DIR", JOBDIR,
+					     "PYTHONPATH", HOOK ":/home/u/lib",
+					     "TORCH_WORKER_SERVER_SOCKET", JOBDIR "/ws/rank_0.sock",
+					     NULL };
+	static const char *const user[] = { "SLURM_ATTR_DIR", JOBDIR,
+					    "TORCH_WORKER_SERVER_SOCKET", "/tmp/my.sock", NULL };
+	static const char *const other_job[] = { "SLURM_ATTR_DIR", "/var/tmp/slurm_attr/99", NULL };
+	static const char *const none[] = { NULL };
+	char err[256];
+	static const char *const off_env[] = { "PYTHONPATH", HOOK ":/home/u/lib",
+					       "TORCH_WORKER_SERVER_SOCKET", JOBDIR "/ws/rank_3.sock",
+					       NULL };
+
+	/* off by default: nothing, even with this job's evidence dir */
+	sattr_config_init(&cfg);
+	CHECK(cfg.worker_hook[0] == '\0');
+	CHECK(run_task(3, on) == 0 && plan->n_ops == 0);
+
+	CHECK(sattr_config_parse_arg(&cfg, "worker_hook=" HOOK, err, sizeof(err)) == 0);
+	CHECK(run_task(3, on) == 0);
+	CHECK(sets("TORCH_WORKER_SERVER_SOCKET", JOBDIR "/ws/rank_3.sock", 0));
+	CHECK(sets("PYTHONPATH", HOOK, 1));
+	CHECK(plan->n_ops == 2);
+
+	/* the user's PYTHONPATH is kept, after the hook */
+	CHECK(run_task(12, py) == 0);
+	CHECK(sets("TORCH_WORKER_SERVER_SOCKET", JOBDIR "/ws/rank_12.sock", 0));
+	CHECK(sets("PYTHONPATH", HOOK ":/home/u/lib", 1));
+
+	/* an enclosing step's (batch -> srun) values: the socket replaced, the path kept */
+	CHECK(run_task(5, again) == 0);
+	CHECK(sets("TORCH_WORKER_SERVER_SOCKET", JOBDIR "/ws/rank_5.sock", 1));
+	CHECK(op("PYTHONPATH") == NULL && plan->n_ops == 1);
+
+	/* near misses: the user's own socket (their server), no evidence dir for this job
+	 * (attribution off or the dir refused), another job's dir inherited */
+	CHECK(run_task(3, user) == 0 && plan->n_ops == 0 && noted("worker server hook not added"));
+	CHECK(run_task(3, none) == 0 && plan->n_ops == 0);
+	CHECK(run_task(3, other_job) == 0 && plan->n_ops == 0);
+
+	/* opted out: ours removed, the user's PYTHONPATH left as it was */
+	CHECK(run(0, 0, off_env) == 0);
+	CHECK(unsets("TORCH_WORKER_SERVER_SOCKET"));
+	CHECK(sets("PYTHONPATH", "/home/u/lib", 1));
+
+	/* a relative hook dir is refused at parse time */
+	sattr_config_init(&cfg);
+	CHECK(sattr_config_parse_arg(&cfg, "worker_hook=hook", err, sizeof(err)) != 0);
+	CHECK(cfg.worker_hook[0] == '\0');
+}
+
 void test_envplan(void)
 {
 	plan = calloc(1, sizeof(*plan));
@@ -335,6 +403,7 @@ void test_envplan(void)
 	test_probe();
 	test_probe_ld_too_long();
 	test_off();
+	test_worker_server();
 	free(plan);
 	plan = NULL;
 }

@@ -1,0 +1,305 @@
+"""Evidence before the kill, the leader's side and the nodes' side of one exchange.
+
+Data flows one way through the spool (root's files, written whole):
+
+    leader: a hang finding, or the job's end within ``[live] dump_before_end_s``
+        -> ``<live>/<job>/dumpreq.<step>.json``   {seq, reason, time_ns}
+    every node's watcher: a request it has not served
+        -> dumps.collect() against its local ranks
+        -> ``dumps/<step>/nodes/<node>/fr/nccl_trace_rank_<N>.json``  (bundle-shaped: the
+           post-mortem FR reader reads it as it reads an epilog's fr/)
+        -> ``dumps/<step>/nodes/<node>/stacks/rank_<N>.txt``
+        -> ``dumps/<step>/<node>.json``          what it did, per rank: the stuck line
+    leader: every node's result for the request (or a deadline)
+        -> the finding gains ``stacks`` (rank N is at FILE:LINE in FUNC) and ``dumps``
+        -> ``on_hang = cancel``: scancel, only when the probe's detection and the dumped
+           FR/stacks agree, with the GPU-minutes that saves in the finding.
+
+Nothing here reads a file the job wrote except through dumps.py; what the ranks answered
+stays untrusted evidence (it names ranks and lines, it never drains).
+"""
+from __future__ import annotations
+
+import os
+import re
+import stat
+import subprocess
+import threading
+import time
+from datetime import datetime
+from typing import Any, Callable
+
+from .. import safefs
+from ..config import Config
+from ..errors import UnsafePath
+from ..probe.comms import iso
+from . import dumps, store
+
+REQ_CAP = 64 << 10
+RESULT_CAP = 1 << 20
+WAIT_S = 30.0  # the leader stops waiting for nodes' results after this long
+MAX_STACKS = 64
+
+
+def req_name(step: str) -> str:
+    return f"dumpreq.{step}.json"
+
+
+def current_seq(live_dir: str, job: str, step: str) -> int:
+    try:
+        req = store.read_json(live_dir, req_name(step), REQ_CAP)
+    except (UnsafePath, ValueError, OSError):
+        return 0
+    seq = req.get("seq") if isinstance(req, dict) and req.get("job") == job else None
+    return seq if isinstance(seq, int) and not isinstance(seq, bool) else 0
+
+
+# ---- the node's side --------------------------------------------------------------------
+class NodeDumps:
+    """Serves the leader's requests on one node (and polls the ranks' FR for frdetect)."""
+
+    def __init__(self, live_dir: str, job: str, step: str, node: str, jobdir: str):
+        self.live_dir, self.job, self.step, self.node, self.jobdir = live_dir, job, step, node, jobdir
+        self.last_poll = float("-inf")
+        self.done_seq = current_seq(live_dir, job, step)  # a request from before this watcher is stale
+
+    def job_uid(self) -> int | None:
+        """The job's user: the owner of its evidence dir (the plugin chowns it to them)."""
+        try:
+            st = os.lstat(self.jobdir)
+        except OSError:
+            return None
+        return st.st_uid if stat.S_ISDIR(st.st_mode) else None
+
+    def pending(self) -> dict[str, Any] | None:
+        try:
+            req = store.read_json(self.live_dir, req_name(self.step), REQ_CAP)
+        except (UnsafePath, ValueError, OSError):
+            return None
+        if (not isinstance(req, dict) or req.get("job") != self.job or not isinstance(req.get("seq"), int)
+                or req["seq"] <= self.done_seq):
+            return None
+        return req
+
+    def serve(self) -> dict[str, Any] | None:
+        """Collect once for a new request; the result as written (None: nothing asked)."""
+        req = self.pending()
+        if req is None:
+            return None
+        self.done_seq = req["seq"]
+        uid = self.job_uid()
+        base = f"dumps/{self.step}"
+        rel = f"{base}/nodes/{self.node}"
+
+        def save(kind: str, rank: int, data: bytes) -> None:
+            if kind == "fr":
+                store.write_atomic(self.live_dir, f"{rel}/fr", f"nccl_trace_rank_{rank}.json", data)
+            else:
+                store.write_atomic(self.live_dir, f"{rel}/stacks", f"rank_{rank}.txt", data)
+
+        res: dict[str, Any] = {"job": self.job, "node": self.node, "seq": req["seq"], "reason": req.get("reason")}
+        if uid is None:
+            res["error"] = "no job dir"
+        else:
+            res.update(dumps.collect(self.jobdir, uid, save))
+        res["time_ns"] = time.time_ns()
+        store.write_json(self.live_dir, base, f"{self.node}.json", res)
+        return res
+
+    def poll(self, now: float, period: float) -> dict[str, Any] | None:
+        """Every ``period`` seconds: rank -> FR status (None between polls / no servers)."""
+        if now - self.last_poll < period:
+            return None
+        self.last_poll = now
+        uid = self.job_uid()
+        if uid is None:
+            return None
+        return {str(r): v for r, v in dumps.poll_fr(self.jobdir, uid).items()}
+
+
+# ---- the leader's side ------------------------------------------------------------------
+def job_facts(show: dict[str, str] | None) -> tuple[int | None, int]:
+    """(end time in ns, GPUs) from `scontrol show job` fields; None when unknown."""
+    if not show:
+        return None, 0
+    end_ns = None
+    end = show.get("EndTime", "")
+    if re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", end):
+        end_ns = int(datetime.fromisoformat(end).timestamp() * 1e9)  # scontrol prints local time
+    gpus = 0
+    for key in ("AllocTRES", "TRES"):
+        m = re.search(r"(?:^|,)gres/gpu=(\d+)", show.get(key, ""))
+        if m:
+            gpus = int(m.group(1))
+            break
+    return end_ns, gpus
+
+
+class LeaderDumps:
+    def __init__(self, cfg: Config, job: str, step: str, live_dir: str, nnodes: int,
+                 end_ns: int | None = None, gpus: int | None = None,
+                 show_job: Callable[[str], dict[str, str] | None] | None = None,
+                 run: Callable[[list[str]], Any] | None = None):
+        self.cfg, self.job, self.step, self.live_dir, self.nnodes = cfg, job, step, live_dir, nnodes
+        self.end_ns, self.gpus = end_ns, gpus
+        self._show = show_job
+        self._run = run or (lambda argv: subprocess.run(argv, capture_output=True, text=True, timeout=15))
+        self.seq = current_seq(live_dir, job, step)
+        self.open: dict[str, Any] | None = None  # the request being answered
+        self.before_end_done = False
+        self._facts_read = end_ns is not None
+
+    def facts(self) -> None:
+        """EndTime and GPUs, read from Slurm once (when not given at start), in a thread: a
+        slow slurmctld must not delay a cycle. ``show_job`` is ``prekill.show_job`` bound to
+        the config in the real watcher (__main__); without it (tests, a watcher given its end
+        time) nothing is asked."""
+        if self._facts_read:
+            return
+        self._facts_read = True
+        if self._show is None or (self.cfg.live.dump_before_end_s <= 0 and self.cfg.live.on_hang != "cancel"):
+            return
+        threading.Thread(target=self._lookup, name="sattr-endtime", daemon=True).start()
+
+    def _lookup(self) -> None:
+        try:
+            show = self._show(self.job) if self._show else None
+        except Exception:  # noqa: BLE001 - no EndTime: no before-end dump, nothing else lost
+            show = None
+        end_ns, gpus = job_facts(show)
+        self.end_ns = self.end_ns or end_ns
+        self.gpus = gpus if self.gpus is None else self.gpus
+
+    def request(self, reason: str, finding: dict[str, Any] | None) -> None:
+        self.seq += 1
+        now_ns = time.time_ns()
+        store.write_json(self.live_dir, "", req_name(self.step),
+                         {"job": self.job, "step": self.step, "seq": self.seq, "reason": reason, "time_ns": now_ns})
+        self.open = {"seq": self.seq, "reason": reason, "time_ns": now_ns, "finding": finding,
+                     "t0": time.monotonic()}
+
+    def due_before_end(self, now_ns: int) -> bool:
+        b = self.cfg.live.dump_before_end_s
+        return (b > 0 and not self.before_end_done and self.end_ns is not None
+                and now_ns >= self.end_ns - int(b * 1e9))
+
+    def results(self, seq: int) -> list[dict[str, Any]]:
+        try:
+            entries = safefs.list_dir(self.live_dir, f"dumps/{self.step}")
+        except UnsafePath:
+            return []
+        out = []
+        for name, kind in entries:
+            if kind != "file" or not name.endswith(".json") or name.startswith("."):
+                continue
+            try:
+                r = store.read_json(self.live_dir, f"dumps/{self.step}/{name}", RESULT_CAP)
+            except (UnsafePath, ValueError, OSError):
+                continue
+            if isinstance(r, dict) and r.get("seq") == seq and r.get("job") == self.job:
+                out.append(r)
+        return out
+
+    def settle(self, doc: dict[str, Any]) -> bool:
+        """Merge the open request's node results once all nodes answered (or WAIT_S went
+        by); True when the document changed."""
+        if self.open is None:
+            return False
+        res = self.results(self.open["seq"])
+        waited = time.monotonic() - self.open["t0"]
+        if len(res) < max(1, self.nnodes) and waited < WAIT_S:
+            return False
+        req, self.open = self.open, None
+        summary = summarize(res, req, self.nnodes)
+        f = req["finding"]
+        if f is None:
+            doc.setdefault("dumps", []).append(summary)
+            doc["dumps"] = doc["dumps"][-20:]
+            return True
+        f["dumps"] = {k: v for k, v in summary.items() if k != "stacks"}
+        f["stacks"] = summary["stacks"]
+        if self.cfg.live.on_hang == "cancel":
+            f["cancel"] = self.cancel(f, res)
+        return True
+
+    def cancel(self, f: dict[str, Any], res: list[dict[str, Any]]) -> dict[str, Any]:
+        """scancel only when two sources agree: the probe saw no progress, and the ranks'
+        own FR shows a collective under way (or their stacks are inside torch.distributed)."""
+        why = agreement(f, res)
+        if why is None:
+            return {"done": False, "why": "withheld: one source only (the probe's detection, or the FR "
+                                          "poll, without the other agreeing)"}
+        now_ns = time.time_ns()
+        left_s = max(0.0, (self.end_ns - now_ns) / 1e9) if self.end_ns else None
+        gpus = self.gpus or 0
+        out: dict[str, Any] = {"why": why, "gpus": gpus, "remaining_s": round(left_s, 1) if left_s is not None else None,
+                               "gpu_minutes_saved": round(gpus * left_s / 60, 1) if left_s is not None else None,
+                               "reason": f"slurm-attr: cancelled hung job ({f.get('class')} {f.get('what')}); {why}"[:300]}
+        try:
+            proc = self._run([os.path.join(self.cfg.paths.slurm_bin, "scancel"), self.job])
+            out["done"] = getattr(proc, "returncode", 1) == 0
+            if not out["done"]:
+                out["error"] = str(getattr(proc, "stderr", "") or "")[:200]
+        except (OSError, subprocess.SubprocessError) as err:
+            out["done"], out["error"] = False, str(err)[:200]
+        return out
+
+
+def show_job(cfg: Config, job: str) -> dict[str, str] | None:
+    from ..slurm.base import from_config
+
+    return from_config(cfg, timeout=15.0).show_job(job)
+
+
+def agreement(f: dict[str, Any], res: list[dict[str, Any]]) -> str | None:
+    """Why the dumps agree with a probe-detected hang, None when they do not (or the
+    finding did not come from the probe)."""
+    if f.get("source") not in ("snapshot", "summary"):
+        return None
+    pending = in_torch = 0
+    for rr in _rank_rows(res):
+        fr = rr.get("fr") if isinstance(rr.get("fr"), dict) else {}
+        pgs = fr.get("pg") if isinstance(fr.get("pg"), dict) else {}
+        if any(isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) for x in v) and v[0] > v[1]
+               for v in pgs.values()):
+            pending += 1
+        st = rr.get("stack") if isinstance(rr.get("stack"), dict) else {}
+        if "/torch/distributed/" in str(st.get("inner") or ""):
+            in_torch += 1
+    if pending:
+        return f"Flight Recorder: {pending} rank(s) with a collective enqueued and not completed"
+    if in_torch:
+        return f"stacks: {in_torch} rank(s) inside torch.distributed"
+    return None
+
+
+def _rank_rows(res: list[Any]) -> list[dict[str, Any]]:
+    """Every rank's row of every node's result (the results are ours, their content the ranks')."""
+    return [rr for r in res if isinstance(r, dict) and isinstance(r.get("ranks"), dict)
+            for rr in r["ranks"].values() if isinstance(rr, dict)]
+
+
+def summarize(res: list[dict[str, Any]], req: dict[str, Any], nnodes: int) -> dict[str, Any]:
+    stacks, fr_ranks, pipes, errors = [], [], 0, []
+    done_ns = 0
+    for r in sorted(res, key=lambda x: str(x.get("node"))):
+        node = r.get("node") if isinstance(r.get("node"), str) else "?"
+        done_ns = max(done_ns, r.get("time_ns") if isinstance(r.get("time_ns"), int) else 0)
+        pipes += sum(1 for v in r["pipes"].values() if v == "sent") if isinstance(r.get("pipes"), dict) else 0
+        rows = r.get("ranks") if isinstance(r.get("ranks"), dict) else {}
+        for rank, rr in sorted(rows.items(), key=lambda kv: int(kv[0]) if str(kv[0]).isdigit() else -1):
+            if not (str(rank).isdigit() and isinstance(rr, dict)):
+                continue
+            if isinstance(rr.get("fr"), dict):
+                fr_ranks.append(int(rank))
+            st = rr.get("stack")
+            if isinstance(st, dict) and isinstance(st.get("at"), str) and len(stacks) < MAX_STACKS:
+                stacks.append({"rank": int(rank), "node": node, "at": st["at"][:300],
+                               "inner": str(st.get("inner") or "")[:300]})
+            for k in ("stack_error", "fr_error"):
+                if rr.get(k):
+                    errors.append(f"rank {rank}: {rr[k]}"[:200])
+    latency = round((done_ns - req["time_ns"]) / 1e9, 3) if done_ns else None
+    return {"seq": req["seq"], "reason": req["reason"], "requested": iso(req["time_ns"]),
+            "nodes_answered": len(res), "nodes": nnodes, "pipes_sent": pipes, "fr_ranks": sorted(fr_ranks),
+            "latency_s": latency, "errors": errors[:10], "stacks": stacks}

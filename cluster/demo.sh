@@ -39,7 +39,9 @@ has_comment() { sacct -n -P -X -j "$1" -o Comment | grep -q 'SATTR1:'; }
 PROBLEMS=()
 expect() {
     local got
-    got=$("$SATTR" "$1" --json 2>/dev/null | "$VENV/bin/python" -c '
+    # sattr's own interpreter: the checkout's .venv is not there where the demo runs in a
+    # versions root (the cluster's venv is)
+    got=$("$SATTR" "$1" --json 2>/dev/null | "$(dirname "$SATTR")/python" -c '
 import json, sys
 v = json.load(sys.stdin)
 print(v.get("cause", ""), ",".join((v.get("culprit") or {}).get("nodes") or []))' 2>/dev/null || true)

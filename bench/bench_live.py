@@ -54,7 +54,11 @@ JOB = "4242"
 
 
 def _layout(root: str, ranks: int, per_node: int) -> tuple[Config, dict[str, str], str]:
-    recs = make_records(ranks, per_node, victim=ranks // 2 + 3)
+    return _write_layout(root, make_records(ranks, per_node, victim=ranks // 2 + 3))
+
+
+def _write_layout(root: str, recs: dict) -> tuple[Config, dict[str, str], str]:
+    """The records as a bundle and as each node's job dir, and a config whose spool is under root."""
     bundle = os.path.join(root, "bundle")
     write_bundle(bundle, recs, {"job_id": JOB})
     jobdirs: dict[str, str] = {}
@@ -142,20 +146,7 @@ def straggler(ranks: int, per_node: int, cycles: int, runs: int, root: str) -> N
     import json
 
     victim = ranks // 2 + 5
-    recs = _with_rings(make_records(ranks, per_node, victim=-1), victim)
-    bundle = os.path.join(root, "bundle")
-    write_bundle(bundle, recs, {"job_id": JOB})
-    jobdirs: dict[str, str] = {}
-    for (node, rank), data in recs.items():
-        d = jobdirs.setdefault(node, os.path.join(root, "ev", node, JOB))
-        os.makedirs(os.path.join(d, "probe"), exist_ok=True)
-        with open(os.path.join(d, "probe", f"rank{rank}.probe"), "wb") as f:
-            f.write(data.rstrip(b"\0"))
-            f.truncate(len(data))
-    cfg = Config()
-    cfg.paths.spool = os.path.join(root, "spool")
-    os.makedirs(cfg.paths.spool)
-    cfg.live.hang_after_s = 1e9
+    cfg, jobdirs, bundle = _write_layout(root, _with_rings(make_records(ranks, per_node, victim=-1), victim))
     nodes = sorted(jobdirs)
     ws = [Watcher(cfg, JOB, n, jobdirs[n], leader=(n == nodes[0]), nnodes=len(nodes), show_job=lambda j: None)
           for n in nodes]

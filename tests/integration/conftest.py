@@ -180,6 +180,23 @@ class Cluster:
         state, _, reason = (out[0] if out else "|").partition("|")
         return state, reason
 
+    def job_nodes(self, job_id: str, timeout: float = 120) -> tuple[str, list[str]]:
+        """(batch host, the job's nodes) once it runs."""
+        from slurm_attr.slurm.hostlist import expand
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            out = self.run(["squeue", "-h", "-j", str(job_id), "-o", "%T|%B|%N"], check=False).stdout.strip()
+            state, _, rest = out.partition("|")
+            host, _, nodes = rest.partition("|")
+            if state == "RUNNING" and host and nodes:
+                return host, expand(nodes)
+            time.sleep(0.3)
+        raise AssertionError(f"job {job_id} not running after {timeout}s")
+
+    def is_running(self, job_id: str) -> bool:
+        return self.run(["squeue", "-h", "-j", str(job_id), "-o", "%T"], check=False).stdout.strip() == "RUNNING"
+
     def gate(self) -> Gate:
         """A fresh gate for a held job (see Gate)."""
         return Gate()

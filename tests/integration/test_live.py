@@ -21,30 +21,12 @@ import pytest
 
 from slurm_attr import config as config_mod
 from slurm_attr.live.watcher import Watcher
-from slurm_attr.slurm.hostlist import expand
 
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
 HARNESS = REPO / "spank" / "build" / "tests" / "probe_harness"
 HANG_AFTER_S = 5.0
-
-
-def _job_facts(cluster, job: str, timeout: float = 60) -> tuple[str, list[str]]:
-    """(batch host, the job's nodes) once it runs."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        out = cluster.run(["squeue", "-h", "-j", job, "-o", "%T|%B|%N"], check=False).stdout.strip()
-        state, _, rest = out.partition("|")
-        host, _, nodes = rest.partition("|")
-        if state == "RUNNING" and host and nodes:
-            return host, expand(nodes)
-        time.sleep(0.3)
-    raise AssertionError(f"job {job} not running after {timeout}s")
-
-
-def _running(cluster, job: str) -> bool:
-    return cluster.run(["squeue", "-h", "-j", job, "-o", "%T"], check=False).stdout.strip() == "RUNNING"
 
 
 @pytest.mark.parametrize("scenario,cls,ranks,node_idx", [
@@ -64,7 +46,7 @@ exec {HARNESS} run --plugin "$lib" --out "$SLURM_ATTR_DIR/h" --scenario {scenari
 """
     job = cluster.sbatch(script)
     try:
-        host, nodes = _job_facts(cluster, job)
+        host, nodes = cluster.job_nodes(job, timeout=60)
         assert len(nodes) == 2
         cfg = config_mod.load(str(cluster.config_path))
         cfg.live.hang_after_s, cfg.live.interval_s = HANG_AFTER_S, 0.5
@@ -80,7 +62,7 @@ exec {HARNESS} run --plugin "$lib" --out "$SLURM_ATTR_DIR/h" --scenario {scenari
                 found += w.cycle()
             time.sleep(max(0.0, 0.5 - (time.monotonic() - t0)))
         assert found, f"no live finding for job {job} ({scenario})"
-        assert _running(cluster, job), "the finding must come while the job still runs"
+        assert cluster.is_running(job), "the finding must come while the job still runs"
         # the world communicator's finding (a stuck rank also stalls its side communicator,
         # which may be reported in the same cycle)
         best = [f for f in found if f["class"] == cls and f["label"].startswith("world ")]

@@ -21,30 +21,12 @@ import pytest
 
 from slurm_attr import config as config_mod
 from slurm_attr.live.watcher import Watcher
-from slurm_attr.slurm.hostlist import expand
 
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
 HARNESS = REPO / "spank" / "build" / "tests" / "probe_harness"
 INTERVAL_S = 0.5
-
-
-def _job_facts(cluster, job: str, timeout: float = 120) -> tuple[str, list[str]]:
-    """(batch host, the job's nodes) once it runs."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        out = cluster.run(["squeue", "-h", "-j", job, "-o", "%T|%B|%N"], check=False).stdout.strip()
-        state, _, rest = out.partition("|")
-        host, _, nodes = rest.partition("|")
-        if state == "RUNNING" and host and nodes:
-            return host, expand(nodes)
-        time.sleep(0.3)
-    raise AssertionError(f"job {job} not running after {timeout}s")
-
-
-def _running(cluster, job: str) -> bool:
-    return cluster.run(["squeue", "-h", "-j", job, "-o", "%T"], check=False).stdout.strip() == "RUNNING"
 
 
 def _watch(cluster, scenario: str, args: str) -> tuple[str, list[str], list[dict], dict]:
@@ -60,12 +42,12 @@ exec {HARNESS} run --plugin "$lib" --out "$SLURM_ATTR_DIR/h" --scenario {scenari
 """
     job = cluster.sbatch(script)
     try:
-        host, nodes = _job_facts(cluster, job)
+        host, nodes = cluster.job_nodes(job)
         assert len(nodes) == 2
         cfg = config_mod.load(str(cluster.config_path))
         cfg.live.interval_s = INTERVAL_S
         jobdir = cluster.base / "nodes" / host / "evidence" / job / "h" / "nodes"
-        while not (jobdir / "node1" / "probe").is_dir() and _running(cluster, job):
+        while not (jobdir / "node1" / "probe").is_dir() and cluster.is_running(job):
             time.sleep(0.05)
         # node 1's watcher first: the leader (node 0) reads what the other wrote this cycle
         watchers = [Watcher(cfg, job, nodes[i], str(jobdir / f"node{i}"), leader=(i == 0), nnodes=2,
@@ -86,7 +68,7 @@ exec {HARNESS} run --plugin "$lib" --out "$SLURM_ATTR_DIR/h" --scenario {scenari
         cycle_cost: list[float] = []
         t_start = time.monotonic()
         first_at = None
-        while _running(cluster, job) and time.monotonic() - t_start < 150:
+        while cluster.is_running(job) and time.monotonic() - t_start < 150:
             t0 = time.monotonic()
             for w in watchers:
                 for f in w.cycle():

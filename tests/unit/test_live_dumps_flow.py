@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import pytest
+from unix_servers import UnixServer
 
 from slurm_attr.bundle import Bundle
 from slurm_attr.config import Config, ConfigError, from_dict
@@ -60,33 +59,22 @@ def test_fr_tracker_every_rank_waiting_is_unlocalised():
 
 
 # ---- the watcher with fake worker servers -------------------------------------------------
-class Replier:
+class Replier(UnixServer):
     """Answers fr_trace_json / dump_traceback with the captured bodies of one rank."""
 
     def __init__(self, path: str, rank: int):
         self.bodies = {"fr_trace_json": (FIX / f"fr_trace_json_rank{rank}.json").read_bytes(),
                        "dump_traceback": (FIX / f"dump_traceback_rank{rank}.txt").read_bytes()}
         self.asked: list[str] = []
-        self.sock = socket.socket(socket.AF_UNIX)
-        self.sock.bind(path)
-        self.sock.listen(8)
-        threading.Thread(target=self._serve, daemon=True).start()
+        super().__init__(path)
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                c, _ = self.sock.accept()
-            except OSError:
-                return
-            with c:
-                req = c.recv(4096).decode()
-                name = req.split(" ", 2)[1].rsplit("/", 1)[-1]
-                self.asked.append(name)
-                body = self.bodies.get(name, b"")
-                c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
-
-    def close(self) -> None:
-        self.sock.close()
+    def answer(self, c) -> None:
+        with c:
+            req = c.recv(4096).decode()
+            name = req.split(" ", 2)[1].rsplit("/", 1)[-1]
+            self.asked.append(name)
+            body = self.bodies.get(name, b"")
+            c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
 
 
 @pytest.fixture

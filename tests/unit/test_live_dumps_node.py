@@ -8,11 +8,11 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
+from unix_servers import UnixServer
 
 from slurm_attr.live import dumps
 
@@ -156,37 +156,19 @@ def test_fr_status_from_captured_reply():
 
 
 # ---- the HTTP client against hostile servers -------------------------------------------
-class FakeServer:
+class FakeServer(UnixServer):
     """A unix-socket server that answers every connection with ``reply`` (bytes), or
     never answers (``reply=None``)."""
 
     def __init__(self, path: str, reply: bytes | None):
-        self.sock = socket.socket(socket.AF_UNIX)
-        self.sock.bind(path)
-        self.sock.listen(4)
         self.reply = reply
-        self.conns: list[socket.socket] = []
-        threading.Thread(target=self._serve, daemon=True).start()
+        super().__init__(path, backlog=4)
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                c, _ = self.sock.accept()
-            except OSError:
-                return
-            self.conns.append(c)
-            if self.reply is not None:
-                try:
-                    c.recv(4096)
-                    c.sendall(self.reply)
-                    c.close()
-                except OSError:
-                    pass
-
-    def close(self) -> None:
-        for c in self.conns:
+    def answer(self, c) -> None:
+        if self.reply is not None:
+            c.recv(4096)
+            c.sendall(self.reply)
             c.close()
-        self.sock.close()
 
 
 @pytest.fixture

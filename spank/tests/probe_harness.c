@@ -6,7 +6,7 @@
  *                     [--delay-us N] [--api 5]
  *       play one scenario (healthy, nonentry, count, linkstall, killed, straggler, slowlink)
  *       as a job whose records land in DIR/nodes/<node>/probe/, as the epilog will collect
- *       them; straggler: the victim (5) pauses --delay-us (20000) before every collective;
+ *       them; straggler: the victim (5) enters every collective --delay-us (20000) after the others;
  *       slowlink: each network send of the victim (3) to its world successor takes
  *       --delay-us (2000) longer. Both complete.
  *   probe_harness selftest --plugin LIB [--quick] [--keep]

@@ -273,8 +273,16 @@ static void app_loop(struct rank_ctx *rc)
                 hang_forever(flag); /* stuck on the CPU: never calls this AllReduce */
             if (is_fault(rc, SC_COUNT, c, k))
                 count /= 2;
-            if (o->sc == SC_STRAGGLER && rc->r == o->victim)
-                sleep_us(o->delay_us); /* late to every collective, as a slow host is */
+            if (o->sc == SC_STRAGGLER && rc->r == o->victim) {
+                /* Late to every collective, as a slow host is: after every other member has
+                 * entered it, then delay_us more. Last by construction: with a bare pause, a
+                 * loaded machine that did not schedule another rank for longer than the pause
+                 * made that rank last now and then. */
+                for (int m = 0; m < o->ranks; m++)
+                    if (m != rc->r && (ci == 0 || m % 2 == rc->r % 2))
+                        wait_ge(&rc->shm->launched[c->ci][m], k + 1, flag);
+                sleep_us(o->delay_us);
+            }
             wait_ge(&rc->qhead, LD(&rc->qtail) - AHEAD, flag); /* CUDA queue depth */
             struct op *op = &rc->q[LD(&rc->qtail) % QCAP];
             op->c = c;

@@ -158,6 +158,22 @@ def test_s2_names_both_ends_of_the_slow_link():
     assert s2[0]["what"].startswith("rank 3 (n0) -> rank 4 (n1): sends sat in the network ")
 
 
+def test_s2_backpressure_on_another_link_is_not_a_second_finding():
+    """The cluster's slowlink run: 3->4 slow, the ring's other cross-node link 7->0 backed up
+    to a quarter of it (still an outlier by ratio and MAD): one finding, 3->4."""
+    rnd = random.Random(7)
+    share = {3: 0.95, 7: 0.3}
+    found = run_links(SlowTracker(cfg(), "7"), 40, lambda c, r: int(rnd.random() < share.get(r, 0.03)))
+    assert [f["ranks"] for f in found if f["class"] == "S2"] == [[3, 4]], [f["what"] for f in found]
+
+
+def test_s2_two_comparable_slow_links_are_both_named():
+    rnd = random.Random(8)
+    share = {3: 0.95, 7: 0.8}
+    found = run_links(SlowTracker(cfg(), "7"), 40, lambda c, r: int(rnd.random() < share.get(r, 0.03)))
+    assert sorted(f["ranks"] for f in found if f["class"] == "S2") == [[3, 4], [7, 0]], [f["what"] for f in found]
+
+
 def test_s2_near_miss_uniform_slowness_and_a_transient_wait():
     rnd = random.Random(6)
     assert not run_links(SlowTracker(cfg(), "7"), 40, lambda c, r: int(rnd.random() < 0.9))  # every link slow

@@ -106,6 +106,17 @@ static int sattr_set_path(char *dst, size_t dstlen, const char *key, const char 
 	return 0;
 }
 
+/* An optional path: an empty value turns the feature off. */
+static int sattr_set_opt_path(char *dst, size_t dstlen, const char *key, const char *val,
+			      int want_lib, char *err, size_t errlen)
+{
+	if (*val == '\0') {
+		dst[0] = '\0';
+		return 0;
+	}
+	return sattr_set_path(dst, dstlen, key, val, want_lib, err, errlen);
+}
+
 int sattr_config_parse_arg(struct sattr_config *cfg, const char *arg, char *err, size_t errlen)
 {
 	const char *eq = strchr(arg, '=');
@@ -144,30 +155,15 @@ int sattr_config_parse_arg(struct sattr_config *cfg, const char *arg, char *err,
 		cfg->fr_buffer = n;
 		return 0;
 	}
-	if (SATTR_KEY("probe_lib")) {
-		if (*val == '\0') {
-			cfg->probe_lib[0] = '\0';
-			return 0;
-		}
-		return sattr_set_path(cfg->probe_lib, sizeof(cfg->probe_lib), "probe_lib", val,
-				      1, err, errlen);
-	}
-	if (SATTR_KEY("live_watcher")) {
-		if (*val == '\0') {
-			cfg->live_watcher[0] = '\0';
-			return 0;
-		}
-		return sattr_set_path(cfg->live_watcher, sizeof(cfg->live_watcher), "live_watcher",
-				      val, 0, err, errlen);
-	}
-	if (SATTR_KEY("worker_hook")) {
-		if (*val == '\0') {
-			cfg->worker_hook[0] = '\0';
-			return 0;
-		}
-		return sattr_set_path(cfg->worker_hook, sizeof(cfg->worker_hook), "worker_hook",
-				      val, 0, err, errlen);
-	}
+	if (SATTR_KEY("probe_lib"))
+		return sattr_set_opt_path(cfg->probe_lib, sizeof(cfg->probe_lib), "probe_lib", val,
+					  1, err, errlen);
+	if (SATTR_KEY("live_watcher"))
+		return sattr_set_opt_path(cfg->live_watcher, sizeof(cfg->live_watcher), "live_watcher", val,
+					  0, err, errlen);
+	if (SATTR_KEY("worker_hook"))
+		return sattr_set_opt_path(cfg->worker_hook, sizeof(cfg->worker_hook), "worker_hook", val,
+					  0, err, errlen);
 	if (SATTR_KEY("nccl_debug")) {
 		if (strcasecmp(val, "WARN") == 0 || strcasecmp(val, "INFO") == 0) {
 			snprintf(cfg->nccl_debug, sizeof(cfg->nccl_debug), "%s",

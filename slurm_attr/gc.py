@@ -39,14 +39,23 @@ class GcResult:
 
 def tree_bytes(path: str) -> int:
     """Allocated bytes under path, links not followed."""
+    return _tree(path, 0.0)[0]
+
+
+def _tree(path: str, mtime: float) -> tuple[int, float]:
+    """(allocated bytes, newest mtime) under path in one walk, links not followed. The newest
+    mtime is what ages a live dir: a watcher's rewrite of summary/<step>/<node>.json changes
+    that file and its own dir, not the job dir."""
     total = 0
     for root, dirs, files in os.walk(path, followlinks=False):
         for name in files + dirs:
             try:
-                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+                st = os.lstat(os.path.join(root, name))
             except OSError:
                 continue
-    return total
+            total += st.st_blocks * 512
+            mtime = max(mtime, st.st_mtime)
+    return total, mtime
 
 
 def _dirs(root: str, prefix: str = "", newest: bool = False) -> list[dict[str, Any]]:
@@ -63,21 +72,10 @@ def _dirs(root: str, prefix: str = "", newest: bool = False) -> list[dict[str, A
             continue
         if not stat.S_ISDIR(st.st_mode):
             continue
+        size, last = _tree(path, st.st_mtime)
         out.append({"key": prefix + name, "job": name, "path": path,
-                    "mtime": _newest(path, st.st_mtime) if newest else st.st_mtime, "bytes": tree_bytes(path)})
+                    "mtime": last if newest else st.st_mtime, "bytes": size})
     return out
-
-
-def _newest(path: str, mtime: float) -> float:
-    """The newest mtime in the tree: a watcher's rewrite of summary/<step>/<node>.json changes
-    that file and its own dir, not the job dir."""
-    for root, dirs, files in os.walk(path, followlinks=False):
-        for name in files + dirs:
-            try:
-                mtime = max(mtime, os.lstat(os.path.join(root, name)).st_mtime)
-            except OSError:
-                continue
-    return mtime
 
 
 def bundles(cfg: Config) -> list[dict[str, Any]]:

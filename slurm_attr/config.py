@@ -168,10 +168,10 @@ class Live:
     straggler_share: float = 0.5
     straggler_min_gap_ms: float = 5.0
     straggler_min_wait: float = 0.02
-    # S2 slow link: a rank pair whose sends sit in the network (SendWait) >= link_outlier_ratio x
-    # the median pair and link_outlier_mads robust deviations (MAD) above it, among at least
-    # link_min_pairs pairs seen link_min_samples cycles each; below link_min_send_wait (steps in
-    # SendWait per cycle) a pair is never slow.
+    # S2 slow link: a rank pair whose every step sits in the network (SendWait) >=
+    # link_outlier_ratio x as long as the median pair's and link_outlier_mads robust deviations
+    # (MAD) above it, among at least link_min_pairs pairs seen busy link_min_samples cycles each;
+    # below link_min_send_wait (mean steps in SendWait per cycle) a pair is never slow.
     link_outlier_ratio: float = 4.0
     link_outlier_mads: float = 5.0
     link_min_send_wait: float = 0.25

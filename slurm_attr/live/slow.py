@@ -17,11 +17,13 @@ What each is measured from (all of it job-written, hostile, bounded):
   running ahead of the GPU the entry gap can exceed the period; nobody waits longer than a
   period per collective), over the sum of periods.
 * S2 slow link -- the peer tables: steps a sender has posted to the network and not seen
-  complete (SendWait) toward each peer, sampled every cycle. In a ring every link carries
-  the same steps, so rates are equal; what differs is where the steps sit: on a slow link
-  they sit in SendWait, on the others in waits for data. A (sender, receiver) pair whose mean
-  SendWait occupancy is an outlier against every other pair (median / MAD) is the slow link.
-  Uniform slowness moves the median with it and fires nothing.
+  complete (SendWait) toward each peer, sampled every cycle, and the steps it has completed.
+  By Little's law the mean steps waiting over the completion rate is the time one step sits
+  in the network: that, not the occupancy, is compared across pairs, because communicators
+  carry different step counts (on the cluster a healthy world ring's links sat in SendWait
+  2-4x as often as the half rings' links, each step no longer). A (communicator, sender,
+  receiver) whose per-step time is an outlier against every other pair (median / MAD) is
+  the slow link. Uniform slowness moves the median with it and fires nothing.
 * S3 slow phase -- the collective period (median over ranks of each rank's interval between
   successive collectives) of the last ``phase_window`` collectives against the ones before:
   a jump by ``phase_factor`` for every rank (the 10th percentile moved too) while no rank
@@ -131,11 +133,21 @@ class _Comm:
 
 
 class _Pair:
-    __slots__ = ("n", "wait", "sent", "src_node", "dst_node")
+    """One sender -> receiver link of one communicator, over the cycles it was busy: n samples,
+    ``wait`` the sum of steps seen in SendWait, ``done`` the steps completed meanwhile over
+    ``t_ns``."""
+    __slots__ = ("n", "wait", "done", "t_ns", "sent", "at_ns", "src", "dst", "src_node", "dst_node")
 
-    def __init__(self) -> None:
-        self.n, self.wait, self.sent = 0, 0.0, None
+    def __init__(self, src: int, dst: int) -> None:
+        self.n, self.wait, self.done, self.t_ns = 0, 0.0, 0.0, 0.0
+        self.sent: int | None = None
+        self.at_ns = 0
+        self.src, self.dst = src, dst
         self.src_node = self.dst_node = None
+
+    def step_s(self) -> float:
+        """Seconds one step sat in SendWait (Little's law: mean waiting / completion rate)."""
+        return self.wait * self.t_ns / (self.n * self.done) / 1e9
 
 
 class SlowTracker:
@@ -145,13 +157,13 @@ class SlowTracker:
     def __init__(self, live_cfg: Any, job: str = "", step: str = "0"):
         self.cfg, self.job, self.step = live_cfg, job, step
         self.comms: dict[str, _Comm] = {}
-        self.pairs: dict[tuple[int, int], _Pair] = {}
+        self.pairs: dict[tuple[str, int, int], _Pair] = {}
         self.found: dict[tuple, dict[str, Any]] = {}
         self.cycles = 0
         self.error: str | None = None  # the last cycle's failure, if any (tests, debugging)
 
     # -- feeding -----------------------------------------------------------------------------
-    def feed(self, summaries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    def feed(self, summaries: list[dict[str, Any]], now_ns: int = 0) -> dict[str, dict[str, Any]]:
         """Communicators across the nodes' summaries, lighter than detect.combine (which copies
         every member): hash -> {label, nranks, parts: [(node, its members)]}; ``members(c)``
         indexes the members only where needed (peers, a finding to name)."""
@@ -189,7 +201,7 @@ class SlowTracker:
                 if st is None or not 0 <= item[1] < max(st.nranks, 1):
                     continue
                 st.add(item[1], item[2][:L.HRING])
-        self._feed_pairs(comms)
+        self._feed_pairs(comms, now_ns or time.time_ns())
         return comms
 
     @staticmethod
@@ -206,9 +218,9 @@ class SlowTracker:
                         ms[cr] = (g if type(g) is int else None, node, m.get("peers"))
         return ms
 
-    def _feed_pairs(self, comms: dict[str, dict[str, Any]]) -> None:
+    def _feed_pairs(self, comms: dict[str, dict[str, Any]], now_ns: int) -> None:
         halve = 2 * max(self.cfg.link_min_samples, 30)  # a sliding window of sorts: old cycles fade
-        for c in comms.values():
+        for h, c in comms.items():
             if not any(type(m) is dict and m.get("peers") for _n, ml in c["parts"] for m in ml):
                 continue  # no network peers (an NVLink-only group): nothing to index
             ms = self.members(c)
@@ -223,19 +235,24 @@ class SlowTracker:
                     dst = dm[0] if dm is not None else None
                     if dst is None or src == dst:
                         continue
-                    key = (src, dst)
+                    # per communicator: a pair in two communicators has a counter in each
+                    key = (h, src, dst)
                     pr = self.pairs.get(key)
                     if pr is None:
                         if len(self.pairs) >= MAX_PAIRS:
                             continue
-                        pr = self.pairs[key] = _Pair()
+                        pr = self.pairs[key] = _Pair(src, dst)
                     sent, waiting = p[1], p[3]
-                    if waiting > 0 or (pr.sent is not None and sent != pr.sent):
+                    # busy cycles only (an idle link between phases says nothing of its speed);
+                    # a counter that went back is a new process: its first reading starts afresh
+                    if pr.sent is not None and sent >= pr.sent and now_ns > pr.at_ns and (waiting > 0 or sent > pr.sent):
                         pr.n += 1
-                        pr.wait += min(waiting, 1 << 16)
+                        pr.wait += min(max(waiting, 0), 1 << 16)
+                        pr.done += min(sent - pr.sent, 1 << 30)
+                        pr.t_ns += now_ns - pr.at_ns
                         if pr.n >= halve:
-                            pr.n, pr.wait = pr.n // 2, pr.wait / 2
-                    pr.sent = sent
+                            pr.n, pr.wait, pr.done, pr.t_ns = pr.n // 2, pr.wait / 2, pr.done / 2, pr.t_ns / 2
+                    pr.sent, pr.at_ns = sent, now_ns
                     pr.src_node, pr.dst_node = node, dm[1]
 
     # -- detecting ---------------------------------------------------------------------------
@@ -329,16 +346,19 @@ class SlowTracker:
 
     def _links(self, now_ns: int) -> list[dict[str, Any]]:
         cfg = self.cfg
-        scored = [(pr.wait / pr.n, key, pr) for key, pr in self.pairs.items() if pr.n >= cfg.link_min_samples]
+        # a pair that completed nothing while steps waited is stalled, not slow: the hang findings'
+        scored = [(pr.step_s(), key, pr) for key, pr in self.pairs.items()
+                  if pr.n >= cfg.link_min_samples and pr.done > 0 and pr.t_ns > 0]
         if len(scored) < cfg.link_min_pairs:
             return []
         scores = sorted(s for s, _k, _p in scored)
         med = statistics.median(scores)
         mad = 1.4826 * statistics.median(abs(s - med) for s in scores)
-        out = []
+        out: list[dict[str, Any]] = []
         worst = None
-        for score, (src, dst), pr in sorted(scored, reverse=True)[:4]:
-            if score < cfg.link_min_send_wait or score < cfg.link_outlier_ratio * med:
+        named: set[tuple[int, int]] = set()
+        for score, _key, pr in sorted(scored, key=lambda x: x[0], reverse=True)[:4]:
+            if score < cfg.link_outlier_ratio * med:
                 break
             if mad > 0 and score - med < cfg.link_outlier_mads * mad:
                 break
@@ -348,14 +368,20 @@ class SlowTracker:
             worst = score if worst is None else worst
             if score < LINK_SECOND_SHARE * worst:
                 break
-            ratio = f"{score / med:.0f}x" if med > 0 else "far above"
-            what = (f"rank {src} ({pr.src_node}) -> rank {dst} ({pr.dst_node}): sends sat in the network {ratio} the "
-                    f"median pair ({score:.2f} vs {med:.2f} steps in SendWait per cycle, {pr.n} cycles, "
-                    f"{len(scored)} pairs)")
+            occupancy = pr.wait / pr.n
+            if occupancy < cfg.link_min_send_wait or (pr.src, pr.dst) in named:
+                continue  # rarely busy: the job lost little to it; or named in another communicator
+            named.add((pr.src, pr.dst))
+            ratio = f"{score / med:.0f}x" if med > 0 else "far longer than"
+            what = (f"rank {pr.src} ({pr.src_node}) -> rank {pr.dst} ({pr.dst_node}): each send sat in the network "
+                    f"{ratio} the median pair's ({score * 1000:.2f} vs {med * 1000:.2f} ms a step; "
+                    f"{occupancy:.2f} steps waiting per cycle, {pr.n} cycles, {len(scored)} pairs)")
             nodes = [n for n in (pr.src_node, pr.dst_node) if isinstance(n, str)]
-            out.append(self._base("S2", None, f"link {src}->{dst}", 2, [src, dst], list(dict.fromkeys(nodes)), what,
-                                  now_ns, {"send_wait": round(score, 3), "median": round(med, 3), "mad": round(mad, 3),
-                                           "samples": pr.n, "pairs": len(scored)}))
+            out.append(self._base("S2", None, f"link {pr.src}->{pr.dst}", 2, [pr.src, pr.dst],
+                                  list(dict.fromkeys(nodes)), what, now_ns,
+                                  {"step_ms": round(score * 1000, 4), "median_ms": round(med * 1000, 4),
+                                   "mad_ms": round(mad * 1000, 4), "send_wait": round(occupancy, 3),
+                                   "samples": pr.n, "pairs": len(scored)}))
         return out
 
     # -- the watcher's one call ----------------------------------------------------------------
@@ -367,7 +393,7 @@ class SlowTracker:
         paused = gc.isenabled()
         gc.disable()  # thousands of small acyclic tuples a cycle: no full collections meanwhile
         try:
-            standing = self.detect(self.feed(summaries), now_ns)
+            standing = self.detect(self.feed(summaries, now_ns), now_ns)
         except Exception as err:  # noqa: BLE001 - hostile summaries must never cost the hang detection
             self.error = f"{type(err).__name__}: {err}"[:300]
             return []

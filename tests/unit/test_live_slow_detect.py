@@ -141,7 +141,7 @@ def ring_peers(n: int, cycle: int, waits) -> dict[int, list[list[int]]]:
 def run_links(tr: SlowTracker, cycles: int, waits, n: int = 8) -> list[dict]:
     doc, found = {"findings": []}, []
     for c in range(cycles):
-        new = tr.cycle(summaries(n, 4, peers=ring_peers(n, c, waits)), doc)
+        new = tr.cycle(summaries(n, 4, peers=ring_peers(n, c, waits)), doc, T0 * 1000 + c * 500_000_000)
         doc["findings"] += new
         found += [f for f in new if all(f is not g for g in found)]
     assert tr.error is None, tr.error
@@ -155,7 +155,7 @@ def test_s2_names_both_ends_of_the_slow_link():
     s2 = [f for f in found if f["class"] == "S2"]
     assert len(s2) == 1, [f["what"] for f in found]
     assert (s2[0]["ranks"], s2[0]["nodes"]) == ([3, 4], ["n0", "n1"])
-    assert s2[0]["what"].startswith("rank 3 (n0) -> rank 4 (n1): sends sat in the network ")
+    assert s2[0]["what"].startswith("rank 3 (n0) -> rank 4 (n1): each send sat in the network ")
 
 
 def test_s2_backpressure_on_another_link_is_not_a_second_finding():
@@ -181,6 +181,89 @@ def test_s2_near_miss_uniform_slowness_and_a_transient_wait():
     assert not run_links(SlowTracker(cfg(), "7"), 40, lambda c, r: int(r == 3 and c in (10, 11)))
     # too few pairs to tell an outlier from the pattern (a 2-rank job)
     assert not run_links(SlowTracker(cfg(), "7"), 40, lambda c, r: int(r == 0), n=2)
+
+
+def harness_cycles(tr: SlowTracker, cycles: int, step_ms, seed: int = 3) -> list[dict]:
+    """The cluster's probe harness as the leader saw it: 8 ranks on two nodes, a world ring
+    (cross-node links 3->4 and 7->0) and the even and odd half rings (2->4, 6->0; 3->5, 7->1).
+    The world ring completes 4.5x the half rings' steps a cycle (more steps per collective),
+    so its links sit in SendWait 4.5x as often with each step no slower. ``step_ms(src)`` is
+    the mean time one step of ``src``'s cross-node sends sits in the network; every cycle's
+    time wobbles (a loaded 2-core machine). Each rank's peer gauge: steps done, and the steps
+    in SendWait at the instant the cycle reads it (Poisson, mean rate x time a step)."""
+    rnd = random.Random(seed)
+    dt_s = 0.5
+    world, halves = "a" * 16, ("b" * 16, "c" * 16)
+    per_cycle = {world: 540, halves[0]: 120, halves[1]: 120}
+    links = {world: {3: 4, 7: 0}, halves[0]: {2: 4, 6: 0}, halves[1]: {3: 5, 7: 1}}
+    done = {(h, s): 0 for h, ls in links.items() for s in ls}
+
+    def poisson(mean: float) -> int:
+        k, p, lim = 0, rnd.random(), 2.718281828 ** -mean
+        while p > lim:
+            k, p = k + 1, p * rnd.random()
+        return k
+
+    found, doc = [], {"findings": []}
+    for c in range(cycles):
+        comms = {h: {} for h in links}
+        for h, ls in links.items():
+            members = sorted(range(8)) if h == world else [r for r in range(8) if r % 2 == (h == halves[1])]
+            cr = {g: i for i, g in enumerate(members)}
+            for src, dst in ls.items():
+                done[h, src] += per_cycle[h]
+                w_s = step_ms(src if h == world else -1) / 1000 * rnd.lognormvariate(0, 0.4)
+                waiting = poisson(per_cycle[h] / dt_s * w_s)
+                comms[h][src] = [[cr[dst], done[h, src], done[h, src], waiting, 0, None, None]]
+            comms[h] = (members, cr, comms[h])
+        sums = []
+        for node in range(2):
+            cs = []
+            for h, (members, cr, peers) in comms.items():
+                ms = [{"cr": cr[g], "g": g, "prog": 1, "fs": [0] * L.NFUNC, "peers": peers.get(g, [])}
+                      for g in members if g // 4 == node]
+                cs.append({"hash": h, "label": f"comm {h[:4]}", "nranks": len(members), "members": ms})
+            sums.append({"v": 1, "job": "7", "node": f"n{node}", "step": "0", "comms": cs, "slow": {"v": 1, "e": []}})
+        new = tr.cycle(sums, doc, T0 * 1000 + int(c * dt_s * 1e9))
+        doc["findings"] += new
+        found += [f for f in new if all(f is not g for g in found)]
+    assert tr.error is None, tr.error
+    return found
+
+
+def test_s2_a_busier_communicator_is_not_a_slow_link():
+    """The cluster's healthy run that fired 3->4 "4x the median pair" (0.53 vs 0.13 steps
+    waiting): the world ring's links are busier, not slower. Per-step time says so."""
+    for seed in range(5):
+        found = harness_cycles(SlowTracker(cfg(), "7"), 60, lambda src: 0.5, seed=seed)
+        assert not found, [f["what"] for f in found]
+
+
+def test_s2_slow_link_among_communicators_of_different_load():
+    found = harness_cycles(SlowTracker(cfg(), "7"), 60, lambda src: 5.0 if src == 3 else 0.5)
+    s2 = [f for f in found if f["class"] == "S2"]
+    assert [(f["ranks"], f["nodes"]) for f in s2] == [([3, 4], ["n0", "n1"])], [f["what"] for f in found]
+    st = s2[0]["stats"]
+    assert 3.5 < st["step_ms"] < 7 and 0.35 < st["median_ms"] < 0.7, st  # the simulated 5 and 0.5 ms
+    assert "each send sat in the network" in s2[0]["what"] and " ms a step" in s2[0]["what"]
+
+
+def test_s2_a_stalled_link_is_not_slow_and_a_restarted_counter_starts_afresh():
+    """Steps waiting while none complete is a hang (the H findings'), not a rate; a peer gauge
+    that went back (a new process) contributes no negative steps."""
+    def waits(c, r):
+        return 3 if r == 3 else int(c % 3 == 0)
+
+    def peers(c):
+        return {r: [[(r + 1) % 8, (0 if r == 3 else 100 * (c % 25)), 0, waits(c, r), 0, None, None]]
+                for r in range(8)}
+    tr = SlowTracker(cfg(), "7")
+    doc = {"findings": []}
+    for c in range(60):
+        assert tr.cycle(summaries(8, 4, peers=peers(c)), doc, T0 * 1000 + c * 500_000_000) == []
+    assert tr.error is None
+    assert all(pr.done >= 0 for pr in tr.pairs.values())
+    assert [pr.done for pr in tr.pairs.values() if pr.src == 3] == [0]  # waited, completed nothing: unscored
 
 
 # ---- S3 slow phase -----------------------------------------------------------------------------

@@ -52,6 +52,7 @@ uninstall:
 # exit status is the first failure's. pytest's exit 5 (no tests collected) is a failure.
 test: deps
 	@rc=0; \
+	bash cluster/versions.sh start; \
 	$(MAKE) --no-print-directory test-native || rc=$$?; \
 	$(MAKE) --no-print-directory test-unit || { [ $$rc = 0 ] && rc=1; }; \
 	$(MAKE) --no-print-directory test-integration || { [ $$rc = 0 ] && rc=1; }; \
@@ -70,7 +71,8 @@ test-integration: deps spank
 
 # Slurm 24.11 (trixie) and 26.05 (sid) in debootstrap roots, each in its own namespaces, the
 # two in parallel (cluster/versions.sh; roots and apt archives cached in /var/cache/sattr-versions).
-# After the 22.05 suite, not beside it: three clusters on two cores starve each other.
+# After the 22.05 suite, not beside it: three clusters on two cores starve each other. Their
+# roots are prepared beside the 22.05 stages (`test` starts that first; see versions.sh start).
 test-versions: deps-apt
 	bash cluster/versions.sh
 

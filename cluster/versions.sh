@@ -14,6 +14,12 @@
 #   cluster/versions.sh [SUITE...]     prepare the roots, then run the suites in parallel
 #   cluster/versions.sh prepare SUITE  only build or refresh one root (needs the network)
 #   cluster/versions.sh run SUITE      only run one suite in its prepared root
+#   cluster/versions.sh start          prepare every root in the background and return at once:
+#                                      `make test` starts it before the 22.05 stages, so a fresh
+#                                      machine's debootstrap, apt and pyslurm build (minutes,
+#                                      mostly network and one Cython build) overlap them; each
+#                                      root's lock makes the later foreground prepare wait for
+#                                      it and then find the root ready (seconds)
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -71,7 +77,12 @@ PY
 }
 
 prepare() {
-    local suite=$1 root=$CACHE/$1
+    local suite=$1 root=$CACHE/$1 t0=$SECONDS
+    mkdir -p "$CACHE"
+    # One preparer per root (the background one `start` began, then the foreground's check).
+    exec 9>"$CACHE/.prepare-$suite.lock"
+    flock -n 9 || { log "$suite: waiting for the preparation under way (log: $CACHE/logs/prepare.log)"; flock 9
+                    log "$suite: waited $((SECONDS - t0)) s"; }
     command -v debootstrap >/dev/null || bash "$REPO/cluster/deps.sh" apt
     if [ ! -e "$root/.sattr-debootstrap" ]; then
         log "$suite: debootstrap from $MIRROR"
@@ -117,7 +128,14 @@ prepare() {
     umount "$root/wheels" 2>/dev/null || true
     unmount_root "$root"
     [ $rc = 0 ] || exit $rc
-    log "$suite: root ready ($(chroot "$root" slurmd -V))"
+    log "$suite: root ready ($(chroot "$root" slurmd -V)) in $((SECONDS - t0)) s"
+    exec 9>&-
+}
+
+start() {  # every default root, prepared in the background (its own session: make's ^C spares it)
+    mkdir -p "$CACHE/logs"
+    setsid bash "$0" prepare-all < /dev/null > "$CACHE/logs/prepare.log" 2>&1 &
+    log "preparing ${DEFAULT_SUITES[*]} in the background (log: $CACHE/logs/prepare.log)"
 }
 
 run() {
@@ -187,6 +205,8 @@ all() {
 [ "$(id -u)" = 0 ] || die "needs root (debootstrap, namespaces)"
 case ${1:-} in
     prepare) prepare "$2" ;;
+    prepare-all) for s in "${DEFAULT_SUITES[@]}"; do prepare "$s"; done ;;
+    start) start ;;
     run) run "$2" ;;
     *) all "$@" ;;
 esac

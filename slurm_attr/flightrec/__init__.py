@@ -16,67 +16,43 @@ Entry point for the verdict: ``analyze(bundle, cfg)``.
 """
 from __future__ import annotations
 
-import os
-import time
-from dataclasses import dataclass, field
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from ..bundle import Bundle
-from ..config import Config
-from ..model import Coverage, Symptom
-from .analysis import Analysis, Finding, analyse
-from .groups import world_ranks
-from .loader import DEFAULT_TAIL_ENTRIES, DumpSet, load_dumps, reload_full
-from .matrix import Matrix, build_matrix
-from .symptoms import coverage, to_symptoms
-from .types import DumpError
+from ..model import Coverage
+
+if TYPE_CHECKING:  # the names below, imported when first used (see __getattr__)
+    from ..bundle import Bundle
+    from ..config import Config
+    from ..model import Symptom
+    from .analysis import Analysis, Finding
+    from .loader import DumpSet, load_dumps
+    from .matrix import Matrix, build_matrix
+    from .report import Report, inspect
+    from .types import DumpError
 
 __all__ = [
     "Analysis", "DumpError", "DumpSet", "Finding", "Matrix", "Report",
     "analyze", "build_matrix", "inspect", "load_dumps",
 ]
 
+NO_DUMPS = "no Flight Recorder dumps found"
 
-@dataclass
-class Report:
-    """Everything one Flight Recorder analysis produced (for the CLI, the matrix and HTML)."""
-
-    dumps: DumpSet
-    analysis: Analysis
-    symptoms: list[Symptom] = field(default_factory=list)
-    coverage: list[Coverage] = field(default_factory=list)
-    seconds: float = 0.0
-
-
-def _workers() -> int:
-    return max(1, min(2, os.cpu_count() or 1))
+# Most bundles hold no dump (no torch, FR off): `sattr analyze` then needs none of the loader's
+# or the analysis's modules, whose import is a tenth of a one-log analysis. They load on first use.
+_LAZY = {"Analysis": "analysis", "Finding": "analysis", "DumpSet": "loader", "load_dumps": "loader",
+         "Matrix": "matrix", "build_matrix": "matrix", "Report": "report", "inspect": "report",
+         "DumpError": "types"}
+_SUBMODULES = {"analysis", "groups", "html", "loader", "matrix", "report", "safepickle", "siblings", "symptoms",
+               "trace", "types"}
 
 
-def inspect(source: Bundle | str, cfg: Config | None = None, tail_entries: int | str | None = DEFAULT_TAIL_ENTRIES,
-            workers: int | None = None, read_stacks: bool = True, budget: bool = True) -> Report:
-    """Load every dump under ``source`` (bundle or directory) and analyse them.
-
-    Large dumps are first compared on their newest ``tail_entries`` entries; a
-    group whose first divergence sits at the start of that window is re-read
-    with its whole history before anything is concluded. Dumps not read within
-    the analysis budget are coverage, not findings (``budget=False``: no limit).
-    """
-    t0 = time.monotonic()
-    cfg = cfg or Config()
-    cap = cfg.collect.fr_file_cap_bytes
-    workers = workers or _workers()
-    # The analysis budget keeps a verdict timely; budget=False (an explicit `sattr fr
-    # --full-history`) reads every dump however long it takes.
-    deadline = t0 + max(10.0, cfg.analysis.timeout_s * 0.6) if budget else None
-    ds = load_dumps(source, cap=cap, tail_entries=tail_entries, workers=workers, deadline=deadline)
-    an = analyse(ds)
-    if an.needs_history:
-        wanted = {r for r in an.needs_history if r in ds.traces and ds.traces[r].history_truncated}
-        if wanted:
-            reload_full(ds, wanted, cap=cap, workers=workers)
-            an = analyse(ds)
-    symptoms = to_symptoms(ds, an, read_stacks=read_stacks)
-    cov = coverage(ds, world_ranks(ds))
-    return Report(dumps=ds, analysis=an, symptoms=symptoms, coverage=cov, seconds=time.monotonic() - t0)
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def analyze(bundle: Bundle, cfg: Config) -> tuple[list[Symptom], list[Coverage]]:
@@ -88,6 +64,11 @@ def analyze(bundle: Bundle, cfg: Config) -> tuple[list[Symptom], list[Coverage]]
     ranks in ``behind_ranks``); a missing dump nobody is seen waiting for is a
     ``context`` note; all untrusted. A healthy set of dumps gives none.
     """
+    if not any(bundle.node_files(node, "fr") for node in bundle.nodes()):
+        return [], [Coverage(source="fr", node=None, status="missing", detail=NO_DUMPS)]
+    from .report import inspect
+    from .types import DumpError
+
     try:
         rep = inspect(bundle, cfg)
     except DumpError as err:

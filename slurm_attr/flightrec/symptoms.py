@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 from ..model import Coverage, Evidence, Symptom
+from . import NO_DUMPS
 from .analysis import Analysis, Finding
 from .groups import Group
 from .loader import DumpSet, load_entry
@@ -282,7 +283,7 @@ def coverage(ds: DumpSet, world: set[int]) -> list[Coverage]:
         if ds.ignored_files:
             return [Coverage(source="fr", node=None, status="error",
                              detail=f"{ds.ignored_files} file(s) where dumps belong, none named <prefix><rank> as torch names dumps")]
-        return [Coverage(source="fr", node=None, status="missing", detail="no Flight Recorder dumps found")]
+        return [Coverage(source="fr", node=None, status="missing", detail=NO_DUMPS)]
     by_node: dict[str | None, list[int]] = {}
     for r, tr in ds.traces.items():
         by_node.setdefault(tr.node, []).append(r)

@@ -22,8 +22,10 @@ watcher's CPU per node at 8 ranks, each against a named peer measured in the sam
 4. With --latency-runs N: the probe harness (spank/build/tests/probe_harness, `make -C spank
    test`) plays an 8-rank job here that stalls (--scenario, default nonentry) after ~300
    collectives; two watchers (4 ranks each, interval_s 0.5, hang_after_s --hang-after) run
-   beside it; detection latency = finding time - the stall's last recorded event, p50/max
-   over N runs, printed against hang_after_s (the floor: the stall must last that long).
+   beside it; detection latency = finding time - the stall's last recorded event, p50/p99/max
+   over N runs per scenario (comma-separated --scenario), printed against hang_after_s (the
+   floor: the stall must last that long) and against PyTorch's NCCL watchdog (600 s by
+   default), with the runs whose hang class was not the injected one counted.
 """
 from __future__ import annotations
 
@@ -79,42 +81,61 @@ def _stats(v: list[float]) -> dict:
     return {"min": round(min(v), 4), "median": round(statistics.median(v), 4)}
 
 
-def latency(runs: int, scenario: str, hang_after: float, root: str) -> None:
+EXPECTED = {"nonentry": "H1", "count": "H2", "linkstall": "H3"}
+WATCHDOG_S = 600.0  # PyTorch's NCCL watchdog default (TORCH_NCCL_... timeout 10 min): the peer to beat
+
+
+def _pct(xs: list[float], q: float) -> float:
+    """Nearest-rank percentile (with 20 runs, p99 is the largest)."""
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, -(-int(q * len(xs) * 100) // 100) - 1))]
+
+
+def latency(runs: int, scenarios: str, hang_after: float, root: str) -> None:
     harness = os.path.join(REPO, "spank", "build", "tests", "probe_harness")
     lib = os.path.join(REPO, "spank", "build", "libnccl-profiler-sattr.so")
-    lat = []
-    for i in range(runs):
-        out, spool = os.path.join(root, f"h{i}"), os.path.join(root, f"s{i}")
-        os.makedirs(spool)
-        cfg = Config()
-        cfg.paths.spool, cfg.live.hang_after_s, cfg.live.interval_s = spool, hang_after, 0.5
-        p = subprocess.Popen([harness, "run", "--plugin", lib, "--out", out, "--scenario", scenario, "--ops", "400",
-                              "--inject", "300", "--hang-ms", "60000", "--per-node", "4"], stdout=subprocess.DEVNULL,
-                             start_new_session=True)  # its rank processes go with it (killpg)
-        try:
-            while not os.path.isdir(os.path.join(out, "nodes", "node1")):
-                time.sleep(0.05)
-            ws = [Watcher(cfg, "1", f"n{j}", os.path.join(out, "nodes", f"node{j}"), leader=(j == 0), nnodes=2)
-                  for j in (1, 0)]
-            found: list[dict] = []
-            t0 = time.monotonic()
-            while not found and time.monotonic() - t0 < 120:
-                c0 = time.monotonic()
-                for w in ws:
-                    found += w.cycle()
-                time.sleep(max(0.0, 0.5 - (time.monotonic() - c0)))
-        finally:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-        if found:
-            f = found[0]
-            lat.append(f["detected_ns"] / 1e9 - datetime.fromisoformat(f["waiting_since"]).timestamp())
-            print(f"  run {i}: {f['class']} ranks {f['ranks']} after {lat[-1]:.2f} s", flush=True)
-        else:
-            print(f"  run {i}: no finding", flush=True)
-    if lat:
-        print(f"detection latency ({scenario}, {len(lat)} of {runs} runs): p50 {statistics.median(lat):.2f} s, "
-              f"max {max(lat):.2f} s, against hang_after_s = {hang_after} (interval_s 0.5)")
+    for scenario in scenarios.split(","):
+        lat, wrong = [], 0
+        for i in range(runs):
+            out, spool = os.path.join(root, f"{scenario}-h{i}"), os.path.join(root, f"{scenario}-s{i}")
+            os.makedirs(spool)
+            cfg = Config()
+            cfg.paths.spool, cfg.live.hang_after_s, cfg.live.interval_s = spool, hang_after, 0.5
+            p = subprocess.Popen([harness, "run", "--plugin", lib, "--out", out, "--scenario", scenario, "--ops", "400",
+                                  "--inject", "300", "--hang-ms", "60000", "--per-node", "4"], stdout=subprocess.DEVNULL,
+                                 start_new_session=True)  # its rank processes go with it (killpg)
+            try:
+                while not os.path.isdir(os.path.join(out, "nodes", "node1")):
+                    time.sleep(0.05)
+                ws = [Watcher(cfg, "1", f"n{j}", os.path.join(out, "nodes", f"node{j}"), leader=(j == 0), nnodes=2)
+                      for j in (1, 0)]
+                found: list[dict] = []
+                t0, extra = time.monotonic(), 2  # two more cycles: a side communicator may come first
+                while extra and time.monotonic() - t0 < 120:
+                    c0 = time.monotonic()
+                    for w in ws:
+                        found += [f for f in w.cycle() if f.get("kind") != "slow"]
+                    extra -= bool(found)
+                    time.sleep(max(0.0, 0.5 - (time.monotonic() - c0)))
+            finally:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+            found = [f for f in found if not f.get("behind")]  # the cause, not a cascade behind it
+            if found:
+                f = found[0]
+                lat.append(f["detected_ns"] / 1e9 - datetime.fromisoformat(f["waiting_since"]).timestamp())
+                ok = f["class"] == EXPECTED.get(scenario, f["class"])
+                wrong += not ok
+                print(f"  {scenario} run {i}: {f['class']}{'' if ok else ' (WRONG CLASS)'} ranks {f['ranks']} "
+                      f"after {lat[-1]:.2f} s", flush=True)
+            else:
+                print(f"  {scenario} run {i}: no finding", flush=True)
+        if lat:
+            p50, p99 = statistics.median(lat), _pct(lat, 0.99)
+            print(f"detection latency ({scenario}, {len(lat)} of {runs} runs found, {wrong} misclassified): "
+                  f"p50 {p50:.2f} s, p99 {p99:.2f} s, max {max(lat):.2f} s; against hang_after_s = {hang_after} "
+                  f"(interval_s 0.5): p50 {p50 - hang_after:+.2f} s beyond it; PyTorch's watchdog ({WATCHDOG_S:.0f} s) "
+                  f"/ p99 = {WATCHDOG_S / p99:.0f}x", flush=True)
 
 
 def _with_rings(recs: dict, victim: int, late_ms: float = 30.0) -> dict:
@@ -201,7 +222,7 @@ def main() -> int:
     ap.add_argument("--cycles", type=int, default=200)
     ap.add_argument("--dir", default=None)
     ap.add_argument("--latency-runs", type=int, default=0)
-    ap.add_argument("--scenario", default="nonentry")
+    ap.add_argument("--scenario", default="nonentry", help="comma-separated: nonentry,count,linkstall")
     ap.add_argument("--hang-after", type=float, default=5.0)
     ap.add_argument("--straggler-cycles", type=int, default=40)
     a = ap.parse_args()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -181,6 +182,12 @@ class Live:
     # for every rank together, with no rank entering late.
     phase_factor: float = 3.0
     phase_window: int = 20
+    # NCCL's RAS (NCCL >= 2.24, live/ras.py) as a second opinion before on_hang = "cancel" acts:
+    # "auto" asks the RAS socket on the step leader's node (ras_addr, the jobs' NCCL_RAS_ADDR),
+    # within ras_timeout_s; "off" never asks. RAS agreeing counts like the dumps agreeing.
+    ras: str = "auto"
+    ras_addr: str = "localhost:28028"
+    ras_timeout_s: float = 5.0
 
 
 @dataclass
@@ -215,6 +222,18 @@ _KERNEL_SOURCES = ("journalctl", "dmesg", "file")
 _COMMENT_FIELDS = ("Comment", "AdminComment")
 _SLURM_BACKENDS = ("auto", "cli", "pyslurm")
 _ON_HANG = ("record", "dump", "cancel")
+_RAS = ("auto", "off")
+
+
+def host_port(addr: str) -> tuple[str, int]:
+    """``host:port`` or ``[v6]:port``, as NCCL_RAS_ADDR is written; ValueError when not."""
+    m = re.fullmatch(r"\[([0-9A-Fa-f:.]{2,45})\]:(\d{1,5})|([A-Za-z0-9._-]{1,253}):(\d{1,5})", addr or "")
+    if not m:
+        raise ValueError(f"not host:port: {addr!r}")
+    host, port = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+    if not 0 < int(port) < 65536:
+        raise ValueError(f"port out of range: {addr!r}")
+    return host, int(port)
 
 
 def _coerce(section: str, key: str, want: type, value: Any) -> Any:
@@ -268,6 +287,13 @@ def _validate(cfg: Config) -> None:
     if cfg.live.on_hang not in _ON_HANG or cfg.live.dump_before_end_s < 0:
         raise ConfigError(f"[live] on_hang must be one of {', '.join(_ON_HANG)} and dump_before_end_s >= 0")
     lv = cfg.live
+    if lv.ras not in _RAS or not 0 < lv.ras_timeout_s <= 60:
+        raise ConfigError(f"[live] ras must be one of {', '.join(_RAS)} and ras_timeout_s within 0..60, "
+                          f"got {lv.ras!r}, {lv.ras_timeout_s!r}")
+    try:
+        host_port(lv.ras_addr)
+    except ValueError as err:
+        raise ConfigError(f"[live] ras_addr: {err} (NCCL_RAS_ADDR's form, e.g. localhost:28028)") from err
     if (min(lv.slow_window, lv.slow_min_samples, lv.link_min_pairs, lv.link_min_samples, lv.phase_window) < 1
             or not 0 < lv.straggler_share <= 1 or lv.phase_factor <= 1 or lv.link_outlier_ratio <= 1):
         raise ConfigError("[live] slow_*/link_*/phase_* counts must be >= 1, straggler_share within 0..1, "

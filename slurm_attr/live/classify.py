@@ -7,6 +7,11 @@ measure stall age against is now. When no snapshot explains the communicator (a 
 whose ranks were not waiting does not snapshot), the summaries still say who launched
 fewer collectives than the others (H1, from counts only) or that every rank entered and
 none completes (H0: unlocalised).
+
+One stuck rank stalls every communicator it belongs to: the one where it misbehaved is
+localised (H1-H3), the others only show everyone waiting (H0). ``link_cascades`` marks such
+an H0 as waiting behind the localised finding (``behind``), in whichever order the two were
+detected, so that users, the pre-kill dumps and the post-mortem lead with the cause.
 """
 from __future__ import annotations
 
@@ -98,3 +103,30 @@ def finding(hang: Hang, cfg: Config, live_dir: str, job: str, now_ns: int | None
         "quiet_s": hang.quiet_s, "threshold_s": hang.threshold_s, "what": what, "source": source,
         "missing_ranks": hang.missing, "symptoms": symptoms,
     }
+
+
+LOCALISED = ("H1", "H2", "H3")
+
+
+def link_cascades(new: list[dict[str, Any]], standing: list[dict[str, Any]]) -> bool:
+    """Order this cycle's hang findings localised first (then the larger communicator), and
+    mark every unlocalised one (H0, this cycle's or standing) whose waiting ranks include a
+    localised finding's culprit on another communicator as ``behind`` it. True when a
+    standing finding changed (the caller saves)."""
+    new.sort(key=lambda f: (f.get("class") not in LOCALISED, -(f.get("nranks") or 0)))
+    hangs = [f for f in standing + new if isinstance(f, dict) and f.get("kind") != "slow"]
+    roots = [f for f in hangs if f.get("class") in LOCALISED and f.get("ranks")]
+    changed = False
+    ids = {id(f) for f in new}
+    for f in hangs:
+        if f.get("class") != "H0" or f.get("behind"):
+            continue
+        waiting = set(f.get("waiting_ranks") or ())
+        for r in roots:
+            culprits = [x for x in r["ranks"] if x in waiting]
+            if r.get("comm") != f.get("comm") and r.get("step") == f.get("step") and culprits:
+                f["behind"] = {"comm": r.get("comm"), "label": r.get("label"), "class": r.get("class"),
+                               "ranks": culprits[:8]}
+                changed |= id(f) not in ids
+                break
+    return changed

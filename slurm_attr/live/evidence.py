@@ -49,7 +49,8 @@ def analyze(bundle: Bundle, cfg: Config) -> tuple[list[Symptom], list[Coverage]]
         if at:  # where the culprit (or first) rank stood when the dumps were taken
             line = f"{line}; {at[0]}"
         out.append(Symptom(
-            id=ID, cause=cause, role="root", priority=PRIORITY, trusted=False,
+            id=ID, cause=cause, role="cascade" if isinstance(f.get("behind"), dict) else "root",
+            priority=PRIORITY, trusted=False,
             node=nodes[0] if nodes else None, rank=ranks[0] if ranks else None,
             time=f.get("detected") if isinstance(f.get("detected"), str) else None, action="none",
             summary=line, fields={"class": f.get("class"), "ranks": ranks[:64], "nodes": nodes[:64],

@@ -90,6 +90,9 @@ def headline(f: dict[str, Any]) -> str:
         what = f"{_ranks(f.get('ranks') or [])} {f.get('what')}"
     else:
         what = str(f.get("what") or "no rank progresses")
+    b = f.get("behind")
+    if isinstance(b, dict):  # a cascade: the localised finding on another communicator is the cause
+        what = f"{what}, behind {b.get('class')} on {b.get('label')} ({_ranks(b.get('ranks') or [])})"
     since = f"; ranks waiting since {_clock(f.get('waiting_since'))}" if f.get("waiting_since") else ""
     return f"hang detected {_clock(f.get('detected'))}: {what} [{cls}, {f.get('label')}]{since}"
 

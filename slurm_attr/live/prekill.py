@@ -33,12 +33,13 @@ from .. import safefs
 from ..config import Config
 from ..errors import UnsafePath
 from ..probe.comms import iso
-from . import dumps, store
+from . import dumps, ras, store
 
 REQ_CAP = 64 << 10
 RESULT_CAP = 1 << 20
 WAIT_S = 30.0  # the leader stops waiting for nodes' results after this long
 MAX_STACKS = 64
+PROBE_SOURCES = ("snapshot", "summary")  # a finding the native probe detected
 
 
 def req_name(step: str) -> str:
@@ -224,15 +225,23 @@ class LeaderDumps:
 
     def cancel(self, f: dict[str, Any], res: list[dict[str, Any]]) -> dict[str, Any]:
         """scancel only when two sources agree: the probe saw no progress, and the ranks'
-        own FR shows a collective under way (or their stacks are inside torch.distributed)."""
+        own FR shows a collective under way (or their stacks are inside torch.distributed)
+        or NCCL's RAS sees that communicator stuck (ras.py; asked with ``[live] ras = auto``,
+        bounded by ``ras_timeout_s``). ``sources`` and ``ras`` record who agreed and what RAS said."""
         why = agreement(f, res)
-        if why is None:
-            return {"done": False, "why": "withheld: one source only (the probe's detection, or the FR "
-                                          "poll, without the other agreeing)"}
+        ras_why, ras_said = (ras.second_opinion(self.cfg.live, self.live_dir, self.step, f)
+                             if f.get("source") in PROBE_SOURCES else (None, None))
+        sources = [name for name, ok in (("probe", True), ("dumps", why), ("ras", ras_why)) if ok]
+        if why is None and ras_why is None:
+            out = {"done": False, "why": "withheld: one source only (the probe's detection, or the FR "
+                                         "poll, without the other agreeing)"}
+            return out if ras_said is None else {**out, "ras": ras_said}
+        why = "; ".join(w for w in (why, ras_why) if w)
         now_ns = time.time_ns()
         left_s = max(0.0, (self.end_ns - now_ns) / 1e9) if self.end_ns else None
         gpus = self.gpus or 0
-        out: dict[str, Any] = {"why": why, "gpus": gpus, "remaining_s": round(left_s, 1) if left_s is not None else None,
+        out: dict[str, Any] = {"why": why, "sources": sources, "ras": ras_said,
+                               "gpus": gpus, "remaining_s": round(left_s, 1) if left_s is not None else None,
                                "gpu_minutes_saved": round(gpus * left_s / 60, 1) if left_s is not None else None,
                                "reason": f"slurm-attr: cancelled hung job ({f.get('class')} {f.get('what')}); {why}"[:300]}
         try:
@@ -254,7 +263,7 @@ def show_job(cfg: Config, job: str) -> dict[str, str] | None:
 def agreement(f: dict[str, Any], res: list[dict[str, Any]]) -> str | None:
     """Why the dumps agree with a probe-detected hang, None when they do not (or the
     finding did not come from the probe)."""
-    if f.get("source") not in ("snapshot", "summary"):
+    if f.get("source") not in PROBE_SOURCES:
         return None
     pending = in_torch = 0
     for rr in _rank_rows(res):

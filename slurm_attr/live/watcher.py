@@ -135,11 +135,12 @@ class Watcher:
             f = classify.finding(hang, self.cfg, self.step_dir, self.job)
             f["step"] = self.step
             new.append(f)
+        relinked = classify.link_cascades(new, self.doc.get("findings", []))
         if not any(s.get("comms") for s in sums):  # no probe anywhere: the FR poll's view
             for f in self.fr_tracker.update(sums, now, self.job):
                 f["step"] = self.step
                 new.append(f)
-        changed = self._prekill([f for f in new if f.get("kind") != "slow"])
+        changed = self._prekill([f for f in new if f.get("kind") != "slow"]) or relinked
         new += self.slow.cycle(sums, self.doc)  # S1-S3: new slow findings, standing ones refreshed
         reporting = f"{len(sums)} of {self.nnodes or '?'} node(s) reporting"
         cov = "; ".join([reporting] + problems[:3])

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from slurm_attr.bundle import Bundle
 from slurm_attr.cli import main
 from slurm_attr.config import Config
-from slurm_attr.live import analyze, findings, store
+from slurm_attr.live import analyze, classify, findings, store
 from slurm_attr.live.classify import from_summaries
 from slurm_attr.live.detect import Hang
 from slurm_attr.live.watcher import Watcher
@@ -168,3 +168,54 @@ def test_sattr_jobid_shows_the_live_finding_until_a_verdict_exists(tmp_path, mon
     # near miss: a job without a verdict and without a live finding is still "no verdict"
     out = CliRunner().invoke(main, ["78"])
     assert out.exit_code != 0 and "no verdict for job 78" in out.output
+
+
+# ---- one stuck rank, several communicators: the cascade behind the localised finding ----------
+def _hang(cls, comm, label, nranks, ranks, waiting, step="0"):
+    return {"job": "77", "step": step, "class": cls, "comm": comm, "label": label, "nranks": nranks,
+            "ranks": ranks, "nodes": [], "waiting_ranks": waiting, "detected": "2026-12-01T14:02:10+00:00",
+            "what": "every rank entered and none completes" if cls == "H0" else "issued another count",
+            "symptoms": []}
+
+
+def test_a_side_communicator_waiting_on_the_culprit_is_its_cascade():
+    """The probe harness's count scenario: rank 5 issues another count on the world ring; the
+    odd half ring (1,3,5,7) then shows only everyone waiting (H0), in the same cycle. The
+    localised finding leads; the H0 is marked behind it. Near miss: the even half ring
+    (0,2,4,6) also stalled, without the culprit among its ranks: not linked."""
+    odd = _hang("H0", "od", "odd od", 4, [], [1, 3, 5, 7])
+    even = _hang("H0", "ev", "even ev", 4, [], [0, 2, 4, 6])
+    world = _hang("H2", "wo", "world wo", 8, [5], [0, 1, 2, 3, 4, 6, 7])
+    new = [odd, even, world]
+    assert classify.link_cascades(new, []) is False  # nothing standing changed
+    assert new[0] is world
+    assert odd["behind"] == {"comm": "wo", "label": "world wo", "class": "H2", "ranks": [5]}
+    assert "behind" not in even and "behind" not in world
+    line = findings.headline(odd)
+    assert line.startswith("hang detected ") and ", behind H2 on world wo (rank 5) [H0, odd od]" in line
+
+
+def test_an_earlier_unlocalised_finding_is_relinked_when_the_cause_is_found():
+    odd = _hang("H0", "od", "odd od", 4, [], [1, 3, 5, 7])
+    assert classify.link_cascades([odd], []) is False and "behind" not in odd  # nothing to link yet
+    world = _hang("H1", "wo", "world wo", 8, [5], [0, 1, 2, 3, 4, 6, 7])
+    assert classify.link_cascades([world], [odd]) is True  # the standing one changed: save
+    assert odd["behind"]["ranks"] == [5]
+    # near miss: another step's localised finding is another launch of the program
+    other = _hang("H0", "od", "odd od", 4, [], [1, 3, 5, 7], step="1")
+    assert classify.link_cascades([], [world, other]) is False and "behind" not in other
+
+
+def test_the_post_mortem_reads_a_cascade_as_a_cascade(tmp_path):
+    cfg = _cfg(tmp_path)
+    store.ensure_job_dir(cfg.paths.spool, "77")
+    odd = _hang("H0", "od", "odd od", 4, [], [1, 3, 5, 7])
+    world = _hang("H2", "wo", "world wo", 8, [5], [0, 1, 2, 3, 4, 6, 7])
+    world["cause"] = "collective_mismatch"
+    classify.link_cascades([odd, world], [])
+    findings.save(cfg.paths.spool, "77", "0", {"job": "77", "findings": [world, odd], "coverage": "2 of 2"}, gid=None)
+    bdir = tmp_path / "bundle"
+    bdir.mkdir()
+    (bdir / "job.json").write_text(json.dumps({"job_id": "77"}))
+    syms, _cov = analyze(Bundle(str(bdir)), cfg)
+    assert [(s.cause, s.role, s.rank) for s in syms] == [("collective_mismatch", "root", 5), ("comm_hang", "cascade", None)]

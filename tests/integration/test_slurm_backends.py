@@ -49,6 +49,13 @@ def failed_job(cluster, node: str = "n3") -> str:
     out = cluster.run(["srun", "-N1", "-w", node, "bash", "-c", "echo JOB=$SLURM_JOB_ID; exit 3"], check=False).stdout
     job = next(ln.split("=", 1)[1] for ln in out.splitlines() if ln.startswith("JOB="))
     assert cluster.wait_state(job) == "FAILED"
+    # The state reaches accounting before the derived exit code (the steps' highest), which
+    # slurmdbd fills in a moment later: a backend that reads in between sees 0:0 (24.11 under
+    # load). The backends are compared on the settled record.
+    cli = CliSlurm(slurm_conf=cluster.env["SLURM_CONF"])
+    deadline = time.monotonic() + 60
+    while (cli.sacct_job(job) or {}).get("DerivedExitCode") != "3:0" and time.monotonic() < deadline:
+        time.sleep(0.2)
     return job
 
 

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from unix_servers import TcpServer
 
 from slurm_attr.config import Config, ConfigError, from_dict, host_port
 from slurm_attr.live import prekill, ras, rasreport
@@ -181,33 +182,21 @@ def test_hash_forms_meet():
 
 
 # ---- the TCP client against a server speaking NCCL's protocol ------------------------------
-class RasServer:
-    """127.0.0.1, an ephemeral port; each connection is answered as rasClientEventLoop does:
-    one reply per newline-terminated command, the status report streamed, then closed.
-    ``reports`` are served in turn (the last one again); ``json`` says whether SET FORMAT
-    json is known (2.28.7+); ``mute`` accepts and never answers."""
+class RasServer(TcpServer):
+    """Each connection is answered as rasClientEventLoop does: one reply per newline-terminated
+    command, the status report streamed, then closed. ``reports`` are served in turn (the
+    last one again); ``json`` says whether SET FORMAT json is known (2.28.7+); ``mute``
+    accepts and never answers."""
 
     def __init__(self, reports=(), json_ok=False, mute=False, hello=b"SERVER PROTOCOL 2\n"):
         self.reports, self.json_ok, self.mute, self.hello = list(reports), json_ok, mute, hello
         self.commands: list[str] = []
         self.served = 0
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(8)
-        self.port = self.sock.getsockname()[1]
-        self.conns: list[socket.socket] = []
-        threading.Thread(target=self._serve, daemon=True).start()
+        super().__init__()
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                c, _ = self.sock.accept()
-            except OSError:
-                return
-            self.conns.append(c)
-            if not self.mute:
-                threading.Thread(target=self._client, args=(c,), daemon=True).start()
-
+    def answer(self, c: socket.socket) -> None:
+        if not self.mute:
+            threading.Thread(target=self._client, args=(c,), daemon=True).start()
     def _client(self, c: socket.socket) -> None:
         buf, fmt = b"", "text"
         with c:
@@ -241,14 +230,6 @@ class RasServer:
                         return  # RAS closes once the report is out
                     else:
                         c.sendall(f"ERROR: Unknown command {cmd}\n".encode())
-
-    def close(self) -> None:
-        for c in self.conns:
-            try:
-                c.close()
-            except OSError:
-                pass
-        self.sock.close()
 
 
 @pytest.fixture

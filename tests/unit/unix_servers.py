@@ -1,16 +1,16 @@
-"""Unix-socket servers for the live dump tests: a thread accepts and hands each connection
-to ``answer`` (the subclass says what a worker server, or a hostile one, replies)."""
+"""Socket servers for the live tests: a thread accepts and hands each connection to
+``answer`` (the subclass says what a worker server, RAS, or a hostile one, replies).
+UnixServer listens on a path (the worker servers), TcpServer on 127.0.0.1 (NCCL's RAS)."""
 from __future__ import annotations
 
 import socket
 import threading
 
 
-class UnixServer:
-    def __init__(self, path: str, backlog: int = 8):
+class Server:
+    def __init__(self, sock: socket.socket, backlog: int = 8):
         self.conns: list[socket.socket] = []
-        self.sock = socket.socket(socket.AF_UNIX)
-        self.sock.bind(path)
+        self.sock = sock
         self.sock.listen(backlog)
         threading.Thread(target=self._serve, daemon=True).start()
 
@@ -31,5 +31,25 @@ class UnixServer:
 
     def close(self) -> None:
         for c in self.conns:
-            c.close()
+            try:
+                c.close()
+            except OSError:
+                pass
         self.sock.close()
+
+
+class UnixServer(Server):
+    def __init__(self, path: str, backlog: int = 8):
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(path)
+        super().__init__(sock, backlog)
+
+
+class TcpServer(Server):
+    """127.0.0.1, an ephemeral port (``self.port``)."""
+
+    def __init__(self, backlog: int = 8):
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        super().__init__(sock, backlog)

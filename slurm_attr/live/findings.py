@@ -131,6 +131,8 @@ def lines(doc: dict[str, Any]) -> list[str]:
         if isinstance(c, dict):
             saved = f", {c.get('gpu_minutes_saved')} GPU-minutes saved" if c.get("gpu_minutes_saved") is not None else ""
             out.append(f"  {'cancelled' if c.get('done') else 'not cancelled'}: {c.get('why')}{saved}")
+            if isinstance(c.get("ras"), str) and c["ras"] not in str(c.get("why")):  # what NCCL's RAS said
+                out.append(f"  NCCL RAS: {c['ras'][:300]}")
     for d in doc.get("dumps") or ():
         if (dl := dump_line(d)) is not None:
             out.append(dl)

@@ -219,3 +219,12 @@ def test_the_post_mortem_reads_a_cascade_as_a_cascade(tmp_path):
     (bdir / "job.json").write_text(json.dumps({"job_id": "77"}))
     syms, _cov = analyze(Bundle(str(bdir)), cfg)
     assert [(s.cause, s.role, s.rank) for s in syms] == [("collective_mismatch", "root", 5), ("comm_hang", "cascade", None)]
+
+
+def test_sattr_live_shows_what_ras_said_when_it_did_not_agree():
+    f = _hang("H1", "wo", "world wo", 8, [5], [0, 1])
+    f["cancel"] = {"done": False, "why": "withheld: one source only", "ras": "RAS sees communicator wo healthy"}
+    assert findings.lines({"findings": [f]})[-1] == "  NCCL RAS: RAS sees communicator wo healthy"
+    # near miss: RAS's line already is the reason given (it agreed): not said twice
+    f["cancel"] = {"done": True, "why": "RAS: 1 rank dead", "ras": "RAS: 1 rank dead"}
+    assert not any(ln.startswith("  NCCL RAS") for ln in findings.lines({"findings": [f]}))

@@ -17,13 +17,17 @@ MIRROR=${SATTR_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 WHEELS=${TORCH_WHEEL_DIR:-/opt/wheels}
 TARGETS=("$@"); [ ${#TARGETS[@]} -gt 0 ] || TARGETS=(demo test-native test-unit test-integration)
 
+# shellcheck source=cluster/rootmounts.sh
+. "$REPO/cluster/rootmounts.sh"
+
 log() { printf 'fresh: %s\n' "$*" >&2; }
 [ "$(id -u)" = 0 ] || { log "needs root"; exit 1; }
 
+root_unmount "$ROOT"  # what a killed run left mounted
 if [ ! -e "$ROOT/.sattr-debootstrap" ]; then
     command -v debootstrap >/dev/null || bash "$REPO/cluster/deps.sh" apt
     log "debootstrap bookworm into $ROOT"
-    rm -rf "$ROOT"; mkdir -p "$(dirname "$ROOT")"
+    root_remove "$ROOT"; mkdir -p "$(dirname "$ROOT")"
     debootstrap --variant=minbase --include=ca-certificates,gcc,make,git,python3 bookworm "$ROOT" "$MIRROR" >/dev/null
     touch "$ROOT/.sattr-debootstrap"
 fi
@@ -43,7 +47,7 @@ inroot() {  # inroot SCRIPT: run in the root, in this network namespace
     mount --rbind /sys "$ROOT/sys"; mount --make-rslave "$ROOT/sys"
     local rc=0
     chroot "$ROOT" /usr/bin/env -i "${ENV[@]}" /bin/bash -c "$1" || rc=$?
-    umount -R "$ROOT/sys" "$ROOT/dev" "$ROOT/proc" 2>/dev/null || true
+    root_unmount "$ROOT"
     return $rc
 }
 

@@ -29,6 +29,9 @@ DEFAULT_SUITES=(trixie sid)
 CBASE=/var/lib/sattr-testcluster   # the test cluster's base inside a root
 VENDOR=${SATTR_VENDOR:-$REPO/../shared/vendor}
 
+# shellcheck source=cluster/rootmounts.sh
+. "$REPO/cluster/rootmounts.sh"
+
 log() { printf 'versions: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
 
@@ -44,10 +47,7 @@ mount_root() {
     mount --bind "$CACHE/archives-$2" "$root/var/cache/apt/archives"
 }
 
-unmount_root() {
-    local root=$1 m
-    for m in var/cache/apt/archives sys dev proc; do umount -R "$root/$m" 2>/dev/null || umount -l "$root/$m" 2>/dev/null || true; done
-}
+unmount_root() { root_unmount "$1"; }
 
 copy_source() {  # the working tree as git sees it (tracked + untracked, not ignored)
     local root=$1
@@ -84,12 +84,13 @@ prepare() {
     flock -n 9 || { log "$suite: waiting for the preparation under way (log: $CACHE/logs/prepare.log)"; flock 9
                     log "$suite: waited $((SECONDS - t0)) s"; }
     command -v debootstrap >/dev/null || bash "$REPO/cluster/deps.sh" apt
+    unmount_root "$root"  # what a killed run left mounted (the next rm -rf would cross into it)
     if [ ! -e "$root/.sattr-debootstrap" ]; then
         log "$suite: debootstrap from $MIRROR"
-        rm -rf "$root.tmp"; mkdir -p "$CACHE"
+        root_remove "$root.tmp"; mkdir -p "$CACHE"
         debootstrap --variant=minbase --include=ca-certificates "$suite" "$root.tmp" "$MIRROR" \
             > "$CACHE/debootstrap-$suite.log" 2>&1 || { tail -5 "$CACHE/debootstrap-$suite.log" >&2; die "$suite: debootstrap failed"; }
-        rm -rf "$root"; mv "$root.tmp" "$root"
+        root_remove "$root"; mv "$root.tmp" "$root"
         # sid's Release file may be past its Valid-Until; the archives are still signed.
         printf 'Acquire::Check-Valid-Until "false";\nAPT::Install-Recommends "false";\n' > "$root/etc/apt/apt.conf.d/99sattr"
         printf '#!/bin/sh\nexit 101\n' > "$root/usr/sbin/policy-rc.d"; chmod 755 "$root/usr/sbin/policy-rc.d"

@@ -22,3 +22,14 @@ def shared_fixtures() -> Path:
     if not path.is_dir():
         pytest.fail(f"shared fixtures not found at {path}: set SLURM_ATTR_SHARED")
     return path
+
+
+@pytest.fixture(autouse=True)
+def _scheduling_untouched():
+    """A test must leave this process's CPU priority as it found it: code under test that
+    lowers its own (the live watcher goes SCHED_IDLE + nice 19) would otherwise starve every
+    later test beside a CPU-heavy neighbour, which is how a stress-ng run found it."""
+    before = (os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))
+    yield
+    after = (os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))
+    assert after == before, f"the test changed this process's scheduling (policy, nice) {before} -> {after}"

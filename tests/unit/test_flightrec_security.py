@@ -147,9 +147,9 @@ def test_parse_ranks_is_strict(text, want) -> None:
 
 def test_parse_ranks_caps_huge_strings() -> None:
     huge = "[" + ", ".join(["1"] * 2_000_000) + "]"
-    t = time.monotonic()
+    t = time.thread_time()  # CPU, not wall: load on the machine must not fail it
     assert parse_ranks(huge) is None
-    assert time.monotonic() - t < 1
+    assert time.thread_time() - t < 1
 
 
 def test_memo_dag_and_self_reference_do_not_hang(tmp_path: Path) -> None:
@@ -165,9 +165,9 @@ def test_memo_dag_and_self_reference_do_not_hang(tmp_path: Path) -> None:
     d = tmp_path / "d"
     _write(d, 0, pickle.dumps(_dump(entries), protocol=2))
     _healthy(d, 1)
-    start = time.monotonic()
+    start = time.process_time()  # CPU, not wall: load on the machine must not fail it
     rep = flightrec.inspect(str(d))
-    assert time.monotonic() - start < 5
+    assert time.process_time() - start < 5
     assert rep.dumps.traces[0].bad_entries == 2
     assert any("2 malformed entries skipped" in c.detail for c in rep.coverage)
 

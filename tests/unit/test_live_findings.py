@@ -141,7 +141,13 @@ def test_entry_point_resolves_the_node_from_the_step_list(tmp_path, monkeypatch)
     # The leader reads EndTime with scontrol in a thread: not here (no Slurm; and a child left
     # running would be reaped by whichever later test waits for any child).
     monkeypatch.setattr("slurm_attr.live.prekill.show_job", lambda cfg, job: None)
+    # The watcher drops to SCHED_IDLE + nice 19 for good: in this process that would starve the
+    # rest of the suite beside any CPU-heavy neighbour (it did, under stress-ng). Recorded here,
+    # checked for real in a child below.
+    quiet: list[bool] = []
+    monkeypatch.setattr("slurm_attr.live.__main__._quiet_priority", lambda: quiet.append(True))
     assert live_main(args + ["--leader"]) == 0
+    assert quiet == [True]
     assert findings.load(str(spool), "91")["coverage"] == "step batch: 1 of 3 node(s) reporting"
     summary = json.loads((spool / "live" / "91" / "summary" / "batch" / "gpu09.json").read_text())
     assert (summary["node"], summary["step"], summary["comms"]) == ("gpu09", "batch", [])
@@ -228,3 +234,15 @@ def test_sattr_live_shows_what_ras_said_when_it_did_not_agree():
     # near miss: RAS's line already is the reason given (it agreed): not said twice
     f["cancel"] = {"done": True, "why": "RAS: 1 rank dead", "ras": "RAS: 1 rank dead"}
     assert not any(ln.startswith("  NCCL RAS") for ln in findings.lines({"findings": [f]}))
+
+
+def test_the_watcher_process_runs_at_idle_priority():
+    """What _quiet_priority does, in a process of its own: the job's ranks always run first."""
+    import subprocess
+    import sys
+
+    code = ("import os; from slurm_attr.live.__main__ import _quiet_priority; _quiet_priority(); "
+            "print(os.sched_getscheduler(0) == os.SCHED_IDLE, os.nice(0))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["True", "19"]
+    assert os.sched_getscheduler(0) != os.SCHED_IDLE  # near miss: this process is untouched

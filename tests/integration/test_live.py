@@ -56,15 +56,15 @@ exec {HARNESS} run --plugin "$lib" --out "$SLURM_ATTR_DIR/h" --scenario {scenari
                             step="batch") for i in (1, 0)]
         found: list[dict] = []
         deadline = time.monotonic() + 90
-        while not found and time.monotonic() < deadline:
+        # until the world communicator's finding: a stuck rank also stalls its side communicator,
+        # whose unlocalised H0 may come a cycle earlier (then marked as behind the world's)
+        while not any(f["label"].startswith("world ") for f in found) and time.monotonic() < deadline:
             t0 = time.monotonic()
             for w in watchers:
                 found += w.cycle()
             time.sleep(max(0.0, 0.5 - (time.monotonic() - t0)))
         assert found, f"no live finding for job {job} ({scenario})"
         assert cluster.is_running(job), "the finding must come while the job still runs"
-        # the world communicator's finding (a stuck rank also stalls its side communicator,
-        # which may be reported in the same cycle)
         best = [f for f in found if f["class"] == cls and f["label"].startswith("world ")]
         assert best, [(f["class"], f["ranks"], f["label"]) for f in found]
         f = best[0]

@@ -43,8 +43,7 @@ ENV=(PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/roo
      PIP_FIND_LINKS=/opt/wheels PIP_CERT=/etc/sattr-pip-ca.crt)
 
 inroot() {  # inroot SCRIPT: run in the root, in this network namespace
-    mount -t proc proc "$ROOT/proc"; mount --rbind /dev "$ROOT/dev"; mount --make-rslave "$ROOT/dev"
-    mount --rbind /sys "$ROOT/sys"; mount --make-rslave "$ROOT/sys"
+    root_mount "$ROOT"
     local rc=0
     chroot "$ROOT" /usr/bin/env -i "${ENV[@]}" /bin/bash -c "$1" || rc=$?
     root_unmount "$ROOT"

@@ -4,6 +4,12 @@
 # aside while a killed run's mounts were still in it, then removed). Every removal of a root
 # therefore goes through root_remove: unmount first, never cross into another filesystem.
 
+root_mount() {  # the host's /proc, /dev and /sys in root $1, for chroot (apt, builds, tests)
+    mount -t proc proc "$1/proc"
+    mount --rbind /dev "$1/dev"; mount --make-rslave "$1/dev"
+    mount --rbind /sys "$1/sys"; mount --make-rslave "$1/sys"
+}
+
 root_unmount() {  # everything mounted at or below $1 in this mount namespace, deepest first
     local root m
     root=$(realpath -m "$1")

@@ -37,17 +37,14 @@ die() { log "$*"; exit 1; }
 
 suite_index() { case $1 in trixie) echo 1 ;; sid) echo 2 ;; *) echo 3 ;; esac; }
 
-# Bind what a chroot needs for apt and builds; undone by unmount_root.
+# Bind what a chroot needs for apt and builds, and the suite's apt archives; undone by root_unmount.
 mount_root() {
     local root=$1
-    mount -t proc proc "$root/proc"
-    mount --rbind /dev "$root/dev"; mount --make-rslave "$root/dev"
-    mount --rbind /sys "$root/sys"; mount --make-rslave "$root/sys"
+    root_mount "$root"
     mkdir -p "$CACHE/archives-$2" "$root/var/cache/apt/archives"
     mount --bind "$CACHE/archives-$2" "$root/var/cache/apt/archives"
 }
 
-unmount_root() { root_unmount "$1"; }
 
 copy_source() {  # the working tree as git sees it (tracked + untracked, not ignored)
     local root=$1
@@ -84,7 +81,7 @@ prepare() {
     flock -n 9 || { log "$suite: waiting for the preparation under way (log: $CACHE/logs/prepare.log)"; flock 9
                     log "$suite: waited $((SECONDS - t0)) s"; }
     command -v debootstrap >/dev/null || bash "$REPO/cluster/deps.sh" apt
-    unmount_root "$root"  # what a killed run left mounted (the next rm -rf would cross into it)
+    root_unmount "$root"  # what a killed run left mounted (the next rm -rf would cross into it)
     if [ ! -e "$root/.sattr-debootstrap" ]; then
         log "$suite: debootstrap from $MIRROR"
         root_remove "$root.tmp"; mkdir -p "$CACHE"
@@ -127,7 +124,7 @@ prepare() {
         esac
     ) || rc=$?
     umount "$root/wheels" 2>/dev/null || true
-    unmount_root "$root"
+    root_unmount "$root"
     [ $rc = 0 ] || exit $rc
     log "$suite: root ready ($(chroot "$root" slurmd -V)) in $((SECONDS - t0)) s"
     exec 9>&-

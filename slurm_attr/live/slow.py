@@ -347,17 +347,16 @@ class SlowTracker:
     def _links(self, now_ns: int) -> list[dict[str, Any]]:
         cfg = self.cfg
         # a pair that completed nothing while steps waited is stalled, not slow: the hang findings'
-        scored = [(pr.step_s(), key, pr) for key, pr in self.pairs.items()
-                  if pr.n >= cfg.link_min_samples and pr.done > 0 and pr.t_ns > 0]
+        scored = [(pr.step_s(), pr) for pr in self.pairs.values() if pr.n >= cfg.link_min_samples and pr.done > 0]
         if len(scored) < cfg.link_min_pairs:
             return []
-        scores = sorted(s for s, _k, _p in scored)
+        scores = sorted(s for s, _p in scored)
         med = statistics.median(scores)
         mad = 1.4826 * statistics.median(abs(s - med) for s in scores)
         out: list[dict[str, Any]] = []
         worst = None
         named: set[tuple[int, int]] = set()
-        for score, _key, pr in sorted(scored, key=lambda x: x[0], reverse=True)[:4]:
+        for score, pr in sorted(scored, key=lambda x: x[0], reverse=True)[:4]:
             if score < cfg.link_outlier_ratio * med:
                 break
             if mad > 0 and score - med < cfg.link_outlier_mads * mad:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from importlib import resources
+from . import read_table
 from typing import Mapping, Optional
 
 from slurm_attr.errors import RuleError
@@ -38,7 +38,7 @@ class XidRow:
 
 
 def _load_table() -> dict[int, XidRow]:
-    text = resources.files("slurm_attr.rulebook").joinpath("xid.tsv").read_text("utf-8")
+    text = read_table("xid.tsv")
     table: dict[int, XidRow] = {}
     for no, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.startswith("#"):

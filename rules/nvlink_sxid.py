@@ -8,7 +8,7 @@ codes, fabric manager configuration). Non-fatal lines stay context without an ac
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib import resources
+from . import read_table
 from typing import Mapping, Optional
 
 from slurm_attr.errors import RuleError
@@ -28,7 +28,7 @@ class SxidRow:
 
 
 def _load() -> tuple[dict[int, SxidRow], list[SxidRow]]:
-    text = resources.files("slurm_attr.rulebook").joinpath("sxid.tsv").read_text("utf-8")
+    text = read_table("sxid.tsv")
     codes: dict[int, SxidRow] = {}
     ranges: list[SxidRow] = []
     for no, line in enumerate(text.splitlines(), 1):

@@ -7,7 +7,7 @@ without registers (older drivers) keeps the Xid table's row.
 from __future__ import annotations
 
 import re
-from importlib import resources
+from . import read_table
 from typing import Optional
 
 from slurm_attr.errors import RuleError
@@ -29,7 +29,7 @@ REGISTERS = re.compile(r"link\s*(?P<link>\d+)\s*\((?P<regs>0x[0-9a-fA-F]+(?:,\s*
 
 
 def _load() -> tuple[dict[tuple[int, int], str], list[tuple[str, str, str, str]]]:
-    text = resources.files("slurm_attr.rulebook").joinpath("xid74_bits.tsv").read_text("utf-8")
+    text = read_table("xid74_bits.tsv")
     bits: dict[tuple[int, int], str] = {}
     rows = []
     for no, line in enumerate(text.splitlines(), 1):

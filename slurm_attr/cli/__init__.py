@@ -11,7 +11,6 @@ and completion import every module of this package before answering.
 from __future__ import annotations
 
 import importlib
-import pkgutil
 
 import click
 
@@ -30,6 +29,8 @@ _NOT_COMMANDS = frozenset({"options"})  # helper modules of this package
 
 
 def _command_modules() -> list[str]:
+    import pkgutil  # here: only help, completion and an unknown name list the modules
+
     return sorted(m.name for m in pkgutil.iter_modules(__path__)
                   if not m.name.startswith("_") and m.name not in _NOT_COMMANDS)
 

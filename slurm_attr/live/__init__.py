@@ -12,6 +12,62 @@ spool files (root) -> detect + classify (leader) -> finding (root) -> cli / evid
 """
 from __future__ import annotations
 
-from .evidence import analyze
+import importlib
+import os
+from typing import TYPE_CHECKING, Any
+
+from .. import probe
+from . import store
+
+if TYPE_CHECKING:
+    from ..bundle import Bundle
+    from ..config import Config
+    from ..model import Coverage, Symptom
 
 __all__ = ["analyze"]
+
+# Most jobs leave no live data (no watcher, no probe): `sattr analyze` then needs none of
+# evidence's modules (slow.py pulls statistics, decimal, fractions). Submodules load on first use.
+_SUBMODULES = {"classify", "detect", "dumps", "evidence", "findings", "frdetect", "nodeview", "prekill",
+               "prekillevidence", "ras", "rasreport", "slow", "slowevidence", "slowring", "store", "watcher"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def spool_job(bundle: Bundle) -> str:
+    """The job whose live files the bundle's analysis reads (a requeued run's bundle, .rN, too)."""
+    return bundle.job_id.split(".r", 1)[0]
+
+
+def _nothing_to_read(bundle: Bundle, cfg: Config) -> bool:
+    """True only where evidence.analyze surely gives ([], []): live off, no valid job id, or
+    no <spool>/live/<job> (no finding, no pre-kill dumps) and no probe directory in the
+    bundle (nothing for slowevidence.postmortem). When unsure, False: the full path runs."""
+    if not cfg.live.enabled:
+        return True
+    job = spool_job(bundle)
+    if not store.valid_job(job):
+        return True
+    try:
+        os.lstat(store.job_dir(cfg.paths.spool, job))
+    except FileNotFoundError:
+        pass
+    except Exception:  # noqa: BLE001 - unreadable or odd: the full path says what it is
+        return False
+    else:
+        return False
+    return probe.no_probe_dirs(bundle, bundle.nodes())
+
+
+def analyze(bundle: Bundle, cfg: Config) -> tuple[list[Symptom], list[Coverage]]:
+    """The live findings as post-mortem evidence (evidence.analyze, imported only when
+    there may be something to read)."""
+    if _nothing_to_read(bundle, cfg):
+        return [], []
+    from .evidence import analyze as full
+
+    return full(bundle, cfg)

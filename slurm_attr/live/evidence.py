@@ -11,7 +11,7 @@ from __future__ import annotations
 from ..bundle import Bundle
 from ..config import Config
 from ..model import Coverage, Evidence, Symptom
-from . import findings, prekillevidence, slowevidence, store
+from . import findings, prekillevidence, slowevidence, spool_job, store
 
 ID = "live.hang"
 PRIORITY = 40  # under probe.* (55-60): the full records are the finer evidence
@@ -21,7 +21,7 @@ SOURCE = "live"
 def analyze(bundle: Bundle, cfg: Config) -> tuple[list[Symptom], list[Coverage]]:
     if not cfg.live.enabled:
         return [], []
-    job = bundle.job_id.split(".r", 1)[0]
+    job = spool_job(bundle)
     if not store.valid_job(job):
         return [], []
     doc = findings.load(cfg.paths.spool, job)

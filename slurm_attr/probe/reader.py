@@ -16,6 +16,7 @@ from .. import safefs
 from ..bundle import Bundle
 from ..errors import UnsafePath
 from ..model import Coverage
+from . import NO_NODES, NO_PROBE_DIR
 from . import layout as L
 from .record import ProbeFormatError, RankRecord, parse_header, parse_lanes, parse_slots
 
@@ -118,7 +119,7 @@ def read_node(bundle: Bundle, node: str, deadline: float, state: _ReadState | No
         dfd = _open_probe_dir(bundle, node, nodes_fd)
     except UnsafePath as err:
         status = "missing" if "No such file" in str(err) else "error"
-        detail = "no probe files (probe off, or NCCL without profiler support)" if status == "missing" else str(err)
+        detail = NO_PROBE_DIR if status == "missing" else str(err)
         return [], [Coverage(source=SOURCE, node=node, status=status, detail=detail)]
     records: list[RankRecord] = []
     cov: list[Coverage] = []
@@ -167,7 +168,7 @@ def read_bundle(bundle: Bundle) -> tuple[list[RankRecord], list[Coverage]]:
     cov: list[Coverage] = []
     nodes = bundle.nodes()
     if not nodes:
-        return [], [Coverage(source=SOURCE, status="missing", detail="the bundle has no node parts")]
+        return [], [Coverage(source=SOURCE, status="missing", detail=NO_NODES)]
     state = _ReadState()
     try:
         nodes_fd: int | None = safefs.open_dir(bundle.root, "nodes")

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import gc
 import json
+import mmap
 import os
+import sys
 import threading
 from typing import Any, Callable, Optional, Protocol, Sequence, TypeVar
 
@@ -105,27 +107,36 @@ def workers_for(sizes: Sequence[int]) -> int:
         return 1  # forking a threaded process can inherit a held lock
     if not hasattr(os, "fork"):
         return 1  # pragma: no cover - not POSIX
-    import multiprocessing
-
-    if multiprocessing.current_process().daemon:
+    mp = sys.modules.get("multiprocessing")  # not imported: this is no multiprocessing worker
+    if mp is not None and mp.current_process().daemon:
         return 1  # a pool's worker (reanalysis in bulk, say) must not leave processes behind
     return max(1, min(_cpus(), MAX_WORKERS, len(sizes)))
 
 
 class _Counter:
-    """The next task index, shared by forked processes (a lock and an int in shared memory)."""
+    """The next task index, shared by forked processes: an int in an anonymous shared
+    mapping, guarded by a pipe that holds one token byte (read it to hold the lock, write it
+    back to release). multiprocessing's RawValue and Lock would do the same, but importing
+    multiprocessing costs more start-up time than the whole work of a small bundle."""
 
     def __init__(self) -> None:
-        import multiprocessing
-
-        self._value = multiprocessing.RawValue("i", 0)
-        self._lock = multiprocessing.Lock()
+        self._mem = mmap.mmap(-1, 8)  # MAP_SHARED | MAP_ANONYMOUS: one page every fork shares
+        self._r, self._w = os.pipe()
+        os.write(self._w, b"t")
 
     def take(self) -> int:
-        with self._lock:
-            i = self._value.value
-            self._value.value = i + 1
+        os.read(self._r, 1)  # waits while another process holds the token
+        try:
+            i = int.from_bytes(self._mem[:8], "little")
+            self._mem[:8] = (i + 1).to_bytes(8, "little")
             return i
+        finally:
+            os.write(self._w, b"t")
+
+    def close(self) -> None:
+        os.close(self._r)
+        os.close(self._w)
+        self._mem.close()
 
 
 def _drain(counter: _Counter, order: Sequence[int], work: Callable[[int], Any]) -> list[tuple[int, Any]]:
@@ -253,6 +264,7 @@ def _run(bundle: Any, catalog: Any, tasks: Sequence[T], fn: Callable[[Any, Any, 
                     results.update(_helper_results(data, len(tasks), wire))
     finally:
         gc.unfreeze()
+        counter.close()
     # A helper that died took files it never reported: do them here (an error in one
     # then surfaces in this process, as it would without helpers).
     return [results[i] if i in results else fn(bundle, catalog, tasks[i]) for i in range(len(tasks))]

@@ -1,6 +1,7 @@
 """Large bundles on every core, small ones in-process; the result never depends on which."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import threading
@@ -123,3 +124,37 @@ def test_rules_parallel_a_failing_file_fails_the_run_without_leaving_helpers(mon
         parallel.run(Bundle(str(FIXTURE)), load_catalog(), tasks, _boom)
     with pytest.raises(ChildProcessError):
         os.waitpid(-1, os.WNOHANG)  # every helper was reaped
+
+
+def test_rules_parallel_counter_gives_each_index_once_across_forks():
+    counter = parallel._Counter()
+    n, kids = 2000, []
+    try:
+        for _ in range(3):
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover - the child
+                try:
+                    got = []
+                    while (k := counter.take()) < n:
+                        got.append(k)
+                    os.write(w, json.dumps(got).encode())
+                finally:
+                    os._exit(0)
+            os.close(w)
+            kids.append((pid, r))
+        mine = []
+        while (k := counter.take()) < n:
+            mine.append(k)
+        taken = list(mine)
+        for pid, r in kids:
+            data = b""
+            while chunk := os.read(r, 1 << 16):
+                data += chunk
+            os.close(r)
+            os.waitpid(pid, 0)
+            taken += json.loads(data)
+    finally:
+        counter.close()
+    # none twice, none lost (a counter each process kept for itself would give every index 4 times)
+    assert sorted(taken) == list(range(n))

@@ -41,7 +41,7 @@ class Scenario:
     rank: int = 0  # the faulty rank
     step: int = 3  # the faulty step
     buffer: int = 2000  # TORCH_FR_BUFFER_SIZE
-    timeout: float = 3.0  # Gloo collective timeout
+    timeout: float = 6.0  # how long a rank waits once the fault is in flight (its dump is written by then)
     drop: tuple[int, ...] = ()  # dumps deleted afterwards (missing dumps)
     snap_every: bool = True  # snapshot after every collective (False: only at the end)
     mirror: bool = False  # a second group of every rank, all_reduced after reduce_loss each step
@@ -75,6 +75,12 @@ DERIVED = {"size_missing": ("size", (1,)), "stuck_missing_culprit": ("stuck", (3
            "healthy_missing": ("healthy", (2,))}
 
 
+# The groups' own timeout: a collective that is not part of the fault completes, however loaded
+# the machine (with 3 s, a rank descheduled under CI load timed out of a healthy broadcast and
+# its dump showed a second, made-up fault). Only a wait that the fault dooms ends sooner (finish).
+GROUP_TIMEOUT = 120.0
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -87,26 +93,26 @@ def _rank_main(sc: Scenario, rank: int, out: str, port: int) -> None:
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=sc.world,
-                            timeout=timedelta(seconds=sc.timeout))
+                            timeout=timedelta(seconds=GROUP_TIMEOUT))
     store = dist.distributed_c10d._get_default_store()
     groups = {"world": None}
     if sc.tp:
         for g in range(sc.world // sc.tp):
             ranks = list(range(g * sc.tp, g * sc.tp + sc.tp))
-            pg = dist.new_group(ranks, timeout=timedelta(seconds=sc.timeout))
+            pg = dist.new_group(ranks, timeout=timedelta(seconds=GROUP_TIMEOUT))
             if rank in ranks:
                 groups["tp"] = pg
         for g in range(sc.tp):
             ranks = list(range(g, sc.world, sc.tp))
-            pg = dist.new_group(ranks, timeout=timedelta(seconds=sc.timeout))
+            pg = dist.new_group(ranks, timeout=timedelta(seconds=GROUP_TIMEOUT))
             if rank in ranks:
                 groups["dp"] = pg
     if sc.extra:
-        pg = dist.new_group(list(sc.extra), timeout=timedelta(seconds=sc.timeout))
+        pg = dist.new_group(list(sc.extra), timeout=timedelta(seconds=GROUP_TIMEOUT))
         if rank in sc.extra:
             groups["extra"] = pg
     if sc.mirror:
-        groups["mirror"] = dist.new_group(list(range(sc.world)), timeout=timedelta(seconds=sc.timeout))
+        groups["mirror"] = dist.new_group(list(range(sc.world)), timeout=timedelta(seconds=GROUP_TIMEOUT))
     seq = {k: 0 for k in groups}
     path = os.path.join(out, f"nccl_trace_rank_{rank}")
     jpath = os.path.join(out, "json", f"nccl_trace_rank_{rank}.json")
@@ -135,7 +141,21 @@ def _rank_main(sc: Scenario, rank: int, out: str, port: int) -> None:
             snap()
         if faulty:
             store.set("fault_issued", "1")
-        work.wait()
+        finish(work)
+
+    def finish(work) -> None:
+        """Wait for a collective; once the fault is in flight, at most sc.timeout more: a
+        collective the fault deadlocked never completes, and this rank's dump is written."""
+        noticed = None
+        polls = 0
+        while not work.is_completed():
+            polls += 1
+            if noticed is None and polls % 25 == 0 and store.check(["fault_issued"]):
+                noticed = time.monotonic()
+            if noticed is not None and time.monotonic() - noticed > sc.timeout:
+                raise TimeoutError("the fault is in flight: this collective will not complete")
+            time.sleep(0.002)
+        work.wait()  # raises what the collective failed with
 
     grads = torch.ones(1024)
     metrics = torch.ones(2048)  # larger than grads: a rank that skips to sync_grads can only abort itself
@@ -160,6 +180,7 @@ def _rank_main(sc: Scenario, rank: int, out: str, port: int) -> None:
         elif fault_here and f_rank and sc.fault == "stuck":
             with open(os.path.join(out, "expected.json"), "w") as f:
                 json.dump({"culprit": rank, "pg": name(key), "seq": seq[key] + 1}, f)
+            store.set("fault_issued", "1")
             time.sleep(120)  # stuck in "compute" for good: the parent kills it
         elif sc.fault == "skip" and f_rank and step == sc.step + 1:
             coll(key, dist.all_reduce, grads, faulty=True)
@@ -194,6 +215,7 @@ def _rank_main(sc: Scenario, rank: int, out: str, port: int) -> None:
                 # the bug: this rank issues the two collectives in the other order
                 with open(os.path.join(out, "expected.json"), "w") as f:
                     json.dump({"culprit": rank, "pg": "0", "seq": seq["world"] + 1}, f)
+                store.set("fault_issued", "1")
                 mirror_allreduce(step)
                 reduce_loss(step)
             else:
@@ -223,7 +245,7 @@ def run(sc: Scenario, outdir: str) -> dict:
             finally:
                 os._exit(0)
         pids[pid] = rank
-    deadline = t0 + 3 * sc.timeout + 20
+    deadline = t0 + GROUP_TIMEOUT + 3 * sc.timeout + 20
     codes = {}
     while pids and time.time() < deadline:
         if sc.fault == "stuck" and list(pids.values()) == [sc.rank]:

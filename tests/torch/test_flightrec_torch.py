@@ -1,6 +1,6 @@
 """Fresh, real Flight Recorder dumps from torch 2.13 (CPU, Gloo, 8 ranks on localhost).
 
-One session fixture runs every scenario of fr_scenarios.py (about 30 s on two
+One session fixture runs every scenario of fr_scenarios.py (about 45 s on two
 cores); each test asserts the analyser's answer against both the value the
 program's own bookkeeping recorded (expected.json) and the value worked out by
 hand from the scenario's program.

@@ -52,8 +52,9 @@ inroot() {  # inroot SCRIPT: run in the root, in this network namespace
 
 t0=$(date +%s)
 log "make deps (apt + venv) in the root"
-# The test cluster's hooks venv too: `up` builds it, but inside the namespace there is no PyPI.
-inroot "cd /src && make deps && bash cluster/testcluster.sh venv"
+# The test cluster's hooks venv and the pyslurm wheel too: `up` makes them, but inside the
+# namespace there is no PyPI (pyslurm's Cython comes from it); a real machine's `up` has it.
+inroot "cd /src && make deps && bash cluster/testcluster.sh venv && bash cluster/pyslurm.sh build >/dev/null"
 log "deps: $(( $(date +%s) - t0 )) s"
 
 ns=sattr-fresh

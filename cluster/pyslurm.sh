@@ -85,7 +85,9 @@ build() {
     if ! "$benv/bin/python" -c 'import Cython, setuptools, wheel, packaging' 2>/dev/null; then
         rm -rf "$benv"
         "$py" -m venv "$benv"
-        "$benv/bin/python" -m pip install -q --disable-pip-version-check "$cython" 'setuptools>=64' wheel packaging >&2
+        # (build runs inside $(...), where set -e does not reach: a failure must be said here)
+        "$benv/bin/python" -m pip install -q --disable-pip-version-check "$cython" 'setuptools>=64' wheel packaging >&2 \
+            || die "cannot install the build tools ($cython, setuptools, wheel) from the pip index"
     fi
     # Global, not local: the EXIT trap runs after this function's locals are gone.
     tmp=$(mktemp -d "$CACHE/build.XXXXXX")

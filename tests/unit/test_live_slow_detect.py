@@ -5,6 +5,7 @@ uniform slowness, a transient wait; one slow collective, a slowdown one rank cau
 from __future__ import annotations
 
 import random
+from datetime import datetime
 
 import pytest
 
@@ -276,6 +277,21 @@ def test_s3_every_rank_slows_together():
     assert s3[0]["nodes"] == ["n0", "n1"] and s3[0]["ranks"] == []
     assert s3[0]["stats"]["factor"] >= 4.5
     assert "all 8 ranks of world" in s3[0]["what"] and "no rank entering late" in s3[0]["what"]
+
+
+def test_s3_since_stays_when_the_phase_began_across_refreshes():
+    # slow from collective 150, 20 a cycle (S3 looked at every cycle): found by cycle 9, refreshed
+    # at cycle 10 with the window moved on to collective ~180
+    tr = SlowTracker(cfg(), "7")
+    found = run_collectives(tr, 8, 4, 400, lambda k, r: 0, period_us=lambda k: 500_000 if k >= 150 else 100_000,
+                            per_cycle=20)
+    (f,) = [f for f in found if f["class"] == "S3" and f["comm"] == H]
+    assert f.get("updated"), "no refresh happened: the test would show nothing"
+    start = T0 + 150 * 100_000  # the first slow collective's entry, us (jitter under 1 ms)
+    since = datetime.fromisoformat(f["stats"]["since"]).timestamp() * 1e6
+    # near miss: the refreshed window's first collective, 30 slow ones (15 s) after the start
+    assert start <= since < start + 20 * 500_000, (f["stats"]["since"], f["what"])
+    assert f"since {f['stats']['since']}" in f["what"]
 
 
 def test_s3_near_miss_one_slow_collective_and_a_slowdown_one_rank_causes():

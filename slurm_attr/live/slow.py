@@ -407,14 +407,22 @@ class SlowTracker:
         out = []
         refresh = self.cycles % REFRESH_CYCLES == 0
         for f in standing:
-            key = (f["class"], None if f["class"] == "S1" else f["comm"], tuple(f["ranks"]))
+            # S1: one straggler slows every communicator it is in; S3: a slow phase slows them
+            # all. One finding each, not one per communicator (S2: one per link, its two ranks).
+            key = (f["class"], tuple(f["ranks"]))
             old = self.found.get(key)
             if old is None:
                 if len(self.found) >= MAX_SLOW:
                     continue
                 self.found[key] = f
                 out.append(f)
-            elif refresh:
+            elif f["class"] == "S3" and f["nranks"] > old["nranks"]:
+                # the phase seen on a larger communicator (the world after a ring): its figures
+                first = old["detected"], old["detected_ns"]
+                old.update(f, updated=f["detected"])
+                old["detected"], old["detected_ns"] = first
+                out.append(old)
+            elif refresh and (f["class"] != "S3" or f["comm"] == old["comm"]):
                 first = old["detected"], old["detected_ns"]
                 old.update(f, updated=f["detected"])
                 old["detected"], old["detected_ns"] = first

@@ -2,6 +2,7 @@
 watcher's CPU per node at 8 ranks, each against a named peer measured in the same run.
 
     python3 bench/bench_live.py [--ranks 4096] [--per-node 8] [--runs 5] [--cycles 200] [--dir DIR]
+        [--slow-runs N [--slow-scenario slowphase,straggler,healthy] [--phase-delay-us 30000]]
 
 1. Aggregation: --ranks synthetic records (bench_probe.make_records: three communicators per
    rank, realistic counters) in one evidence dir per node; every node's watcher writes its
@@ -26,6 +27,13 @@ watcher's CPU per node at 8 ranks, each against a named peer measured in the sam
    over N runs per scenario (comma-separated --scenario), printed against hang_after_s (the
    floor: the stall must last that long) and against PyTorch's NCCL watchdog (600 s by
    default), with the runs whose hang class was not the injected one counted.
+5. With --slow-runs N: the harness plays an 8-rank job that COMPLETES, only slower, per
+   --slow-scenario (comma-separated; default slowphase,straggler,healthy) with two watchers
+   beside it as in 4, until it ends: per run the slow findings that came (class, ranks), and
+   for slowphase (every rank pauses --phase-delay-us before each collective from collective
+   --slow-inject on: S3) the time from the slowdown (the first pause: the entry of collective
+   --slow-inject, read from rank 0's record, less the pause) to the S3 finding, p50/max over N.
+   The near misses: straggler must give S1 and no S3, healthy nothing.
 """
 from __future__ import annotations
 
@@ -138,6 +146,95 @@ def latency(runs: int, scenarios: str, hang_after: float, root: str) -> None:
                   f"/ p99 = {WATCHDOG_S / p99:.0f}x", flush=True)
 
 
+WORLD = 0x9e3779b97f4a7c15  # the harness's world communicator (probe_harness.h WORLD_HASH)
+SLOW_EXPECTED = {"slowphase": {"S3"}, "straggler": {"S1"}, "healthy": set(), "slowlink": {"S2"}}
+
+
+def _entry_us(out: str, opi: int) -> int | None:
+    """Wall-clock entry (us) of world collective ``opi`` in rank 0's header ring, if it is there."""
+    from slurm_attr.probe import layout as L
+    from slurm_attr.probe.record import parse
+    from slurm_attr.live.slowring import ring_entries
+
+    d = os.path.join(out, "nodes", "node0", "probe")
+    for name in os.listdir(d) if os.path.isdir(d) else ():
+        try:
+            with open(os.path.join(d, name), "rb") as f:
+                data = f.read()
+            rec = parse(data, name, "node0")
+        except (OSError, ValueError):
+            continue
+        if rec.global_rank != 0:
+            continue
+        ents = ring_entries(rec, data[L.RING_OFF:L.RING_OFF + L.HRING * L.HRING_ENT.size], thin=False)
+        for e in ents.get((WORLD, 0), ()):
+            if e[0] == opi:
+                return e[1]
+    return None
+
+
+def slow_runs(runs: int, scenarios: str, ops: int, inject: int, delay_us: int, root: str) -> None:
+    harness = os.path.join(REPO, "spank", "build", "tests", "probe_harness")
+    lib = os.path.join(REPO, "spank", "build", "libnccl-profiler-sattr.so")
+    for scenario in scenarios.split(","):
+        lat, right, durations = [], 0, []
+        for i in range(runs):
+            out, spool = os.path.join(root, f"{scenario}-h{i}"), os.path.join(root, f"{scenario}-s{i}")
+            os.makedirs(spool)
+            cfg = Config()
+            cfg.paths.spool, cfg.live.interval_s = spool, 0.5
+            extra = ["--delay-us", str(delay_us)] if scenario == "slowphase" else []
+            t_start = time.monotonic()
+            p = subprocess.Popen([harness, "run", "--plugin", lib, "--out", out, "--scenario", scenario, "--ops",
+                                  str(ops), "--inject", str(inject), "--per-node", "4"] + extra,
+                                 stdout=subprocess.DEVNULL, start_new_session=True)
+            found: list[dict] = []
+            inject_us = None
+            try:
+                while not os.path.isdir(os.path.join(out, "nodes", "node1")) and p.poll() is None:
+                    time.sleep(0.05)
+                ws = [Watcher(cfg, "1", f"n{j}", os.path.join(out, "nodes", f"node{j}"), leader=(j == 0), nnodes=2,
+                              show_job=lambda j: None) for j in (1, 0)]
+                tail = 2  # two cycles after the job ended: its last collectives' entries
+                next_cycle = time.monotonic()
+                while tail and time.monotonic() - t_start < 300:
+                    if time.monotonic() >= next_cycle:
+                        next_cycle += 0.5
+                        tail -= p.poll() is not None
+                        for w in ws:
+                            found += [f for f in w.cycle()  # a refresh returns the same dict again
+                                      if f.get("kind") == "slow" and all(f is not g for g in found)]
+                    if inject_us is None and scenario == "slowphase":
+                        inject_us = _entry_us(out, inject)  # polled: rank 0's ring holds it ~2 s
+                    time.sleep(0.02 if inject_us is None and scenario == "slowphase" else 0.1)
+            finally:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)  # normally long gone: the job completed
+                except ProcessLookupError:
+                    pass
+                p.wait()
+            durations.append(time.monotonic() - t_start)
+            classes = sorted({f["class"] for f in found})
+            ok = set(classes) == SLOW_EXPECTED.get(scenario, set(classes)) and p.returncode == 0
+            right += ok
+            line = (f"  {scenario} run {i}: exit {p.returncode}, findings "
+                    f"{[(f['class'], f['ranks'], str(f['label']).split()[0]) for f in found]}")
+            s3 = [f for f in found if f["class"] == "S3"]
+            if s3 and inject_us is not None:
+                lat.append(s3[0]["detected_ns"] / 1e9 - (inject_us - delay_us) / 1e6)
+                st = s3[0]["stats"]
+                line += (f"; S3 ({str(s3[0]['label']).split()[0]}) {lat[-1]:.2f} s after the slowdown "
+                         f"(period {st['period_ms']} ms, base {st['base_ms']} ms)")
+            elif scenario == "slowphase":
+                line += f"; inject entry {'not seen' if inject_us is None else 'seen'}"
+            print(line + ("" if ok else "  (NOT AS EXPECTED)"), flush=True)
+        summary = f"slow {scenario}: {right} of {runs} runs gave exactly {sorted(SLOW_EXPECTED.get(scenario, ()))}"
+        if lat:
+            summary += (f"; S3 after the slowdown: p50 {statistics.median(lat):.2f} s, max {max(lat):.2f} s "
+                        f"({len(lat)} runs; phase_window {Config().live.phase_window}, interval_s 0.5)")
+        print(summary + f"; job {statistics.median(durations):.1f} s (median)", flush=True)
+
+
 def _with_rings(recs: dict, victim: int, late_ms: float = 30.0) -> dict:
     """Header rings for make_records' records: the last 20 collectives of each of the three
     communicators (world slot 0, tp 1, dp 2), 50 ms apart; ``victim`` enters world ones late."""
@@ -225,7 +322,15 @@ def main() -> int:
     ap.add_argument("--scenario", default="nonentry", help="comma-separated: nonentry,count,linkstall")
     ap.add_argument("--hang-after", type=float, default=5.0)
     ap.add_argument("--straggler-cycles", type=int, default=40)
+    ap.add_argument("--slow-runs", type=int, default=0)
+    ap.add_argument("--slow-scenario", default="slowphase,straggler,healthy")
+    ap.add_argument("--slow-ops", type=int, default=400)
+    ap.add_argument("--slow-inject", type=int, default=300)
+    ap.add_argument("--phase-delay-us", type=int, default=30000)
     a = ap.parse_args()
+    if a.slow_runs:
+        with tempfile.TemporaryDirectory(dir=a.dir) as root:
+            slow_runs(a.slow_runs, a.slow_scenario, a.slow_ops, a.slow_inject, a.phase_delay_us, root)
     if a.straggler_cycles:
         with tempfile.TemporaryDirectory(dir=a.dir) as root:
             straggler(a.ranks, a.per_node, a.straggler_cycles, a.runs, root)

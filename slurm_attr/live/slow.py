@@ -73,6 +73,7 @@ class _Comm:
         self.lasts: Counter = Counter()  # last comm rank -> collectives of hist it was last in
         self.nranks = 0
         self.phase_at = 0  # hist appends when S3 was last looked at
+        self.phase_since: int | None = None  # entry (us) that began the standing slow phase
         self.appended = 0
 
     def add(self, cr: int, ents: list[Any]) -> None:
@@ -332,11 +333,15 @@ class SlowTracker:
         now_p = statistics.median(x[4] for x in recent)
         lo = statistics.median(x[5] for x in recent if x[5] is not None) if any(x[5] for x in recent) else 0
         gap = statistics.median(x[3] for x in recent)
-        if base <= 0 or now_p < cfg.phase_factor * base:
+        if (base <= 0 or now_p < cfg.phase_factor * base or lo < 0.5 * cfg.phase_factor * base
+                or gap > 0.5 * (now_p - base)):  # not every rank slowed, or one enters late (S1)
+            st.phase_since = None  # over: a later one is a new phase
             return None
-        if lo < 0.5 * cfg.phase_factor * base or gap > 0.5 * (now_p - base):
-            return None  # not every rank slowed, or one rank enters late (a straggler, S1)
-        since = iso(recent[0][1] * 1000)
+        # when the phase began, kept while it stands: the window moves on every look, and a
+        # refreshed finding said "detected 05:46:40 ... since 05:46:43" (the harness's slowphase)
+        if st.phase_since is None:
+            st.phase_since = recent[0][1]
+        since = iso(st.phase_since * 1000)
         what = (f"all {c['nranks']} ranks of {c['label']} slowed together: a collective every "
                 f"{now_p / 1000:.1f} ms over the last {w} (before: {base / 1000:.1f} ms, x{now_p / base:.1f}) "
                 f"since {since}, no rank entering late")
@@ -402,14 +407,22 @@ class SlowTracker:
         out = []
         refresh = self.cycles % REFRESH_CYCLES == 0
         for f in standing:
-            key = (f["class"], None if f["class"] == "S1" else f["comm"], tuple(f["ranks"]))
+            # S1: one straggler slows every communicator it is in; S3: a slow phase slows them
+            # all. One finding each, not one per communicator (S2: one per link, its two ranks).
+            key = (f["class"], tuple(f["ranks"]))
             old = self.found.get(key)
             if old is None:
                 if len(self.found) >= MAX_SLOW:
                     continue
                 self.found[key] = f
                 out.append(f)
-            elif refresh:
+            elif f["class"] == "S3" and f["nranks"] > old["nranks"]:
+                # the phase seen on a larger communicator (the world after a ring): its figures
+                first = old["detected"], old["detected_ns"]
+                old.update(f, updated=f["detected"])
+                old["detected"], old["detected_ns"] = first
+                out.append(old)
+            elif refresh and (f["class"] != "S3" or f["comm"] == old["comm"]):
                 first = old["detected"], old["detected_ns"]
                 old.update(f, updated=f["detected"])
                 old["detected"], old["detected_ns"] = first

@@ -4,11 +4,13 @@
  *   probe_harness run --plugin LIB --out DIR --scenario S [--ranks 8] [--per-node 2]
  *                     [--ops 12] [--inject 8] [--victim R] [--hang-ms 600] [--step-us 300]
  *                     [--delay-us N] [--api 5]
- *       play one scenario (healthy, nonentry, count, linkstall, killed, straggler, slowlink)
- *       as a job whose records land in DIR/nodes/<node>/probe/, as the epilog will collect
- *       them; straggler: the victim (5) enters every collective --delay-us (20000) after the others;
- *       slowlink: each network send of the victim (3) to its world successor takes
- *       --delay-us (2000) longer. Both complete.
+ *       play one scenario (healthy, nonentry, count, linkstall, killed, straggler, slowlink,
+ *       slowphase) as a job whose records land in DIR/nodes/<node>/probe/, as the epilog will
+ *       collect them; straggler: the victim (5) enters every collective --delay-us (20000) after
+ *       the others; slowlink: each network send of the victim (3) to its world successor takes
+ *       --delay-us (2000) longer; slowphase: from iteration --inject on, every rank pauses
+ *       --delay-us (30000) before each collective (two per iteration: ~72 ms per iteration against
+ *       ~12 ms before, well past the live watch's phase_factor of 3). All three complete.
  *   probe_harness selftest --plugin LIB [--quick] [--keep]
  *       every scenario and the robustness cases, checked; ends with "N passed, M failed"
  *   probe_harness layout
@@ -25,12 +27,16 @@
 
 static int default_victim(enum scenario sc)
 {
-    return sc == SC_COUNT || sc == SC_STRAGGLER ? 5 : sc == SC_HEALTHY || sc == SC_KILLED ? -1 : 3;
+    return sc == SC_COUNT || sc == SC_STRAGGLER                      ? 5
+           : sc == SC_HEALTHY || sc == SC_KILLED || sc == SC_SLOWPHASE ? -1 /* nobody to blame */
+                                                                        : 3;
 }
 
 static int default_delay_us(enum scenario sc)
 {
-    return sc == SC_STRAGGLER ? 20000 : sc == SC_SLOWLINK ? 2000 : 0;
+    /* slowphase: 2 x 30 ms per iteration on a ~12 ms healthy one here, so the period stays
+     * over 3x (phase_factor) even when a loaded machine doubles the healthy one */
+    return sc == SC_STRAGGLER ? 20000 : sc == SC_SLOWLINK ? 2000 : sc == SC_SLOWPHASE ? 30000 : 0;
 }
 
 static int usage(void)
@@ -115,7 +121,7 @@ static int selftest(int argc, char **argv)
         int api;
     } plan[] = {{SC_HEALTHY, 5}, {SC_NONENTRY, 5}, {SC_COUNT, 5}, {SC_LINKSTALL, 5},
                 {SC_KILLED, 5}, {SC_HEALTHY, 4}, {SC_LINKSTALL, 4}, {SC_NONENTRY, 3},
-                {SC_STRAGGLER, 5}, {SC_SLOWLINK, 5}};
+                {SC_STRAGGLER, 5}, {SC_SLOWLINK, 5}, {SC_SLOWPHASE, 5}};
 
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--plugin") && i + 1 < argc)
@@ -143,6 +149,8 @@ static int selftest(int argc, char **argv)
             o.ops = 6;
             o.inject = 4;
             o.hang_ms = 300;
+            if (o.sc == SC_SLOWPHASE)
+                o.delay_us *= 10; /* the jump is against a healthy period that is 10x longer too */
         }
         snprintf(out, sizeof(out), "%s/%s-v%d", tmp, scenario_names[o.sc], o.api);
         o.out = out;

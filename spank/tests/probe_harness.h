@@ -66,9 +66,12 @@ void *fake_collective(struct fake_nccl *n, void *ctx, int rank, const char *func
                       size_t count, uint8_t nch, uint64_t hash);
 
 /* ---- simulated job ------------------------------------------------------------------- */
-enum scenario { SC_HEALTHY, SC_NONENTRY, SC_COUNT, SC_LINKSTALL, SC_KILLED, SC_STRAGGLER, SC_SLOWLINK };
-/* straggler and slowlink jobs complete, only slower (the live watch's S1 and S2) */
-#define SC_COMPLETES(sc) ((sc) == SC_HEALTHY || (sc) == SC_STRAGGLER || (sc) == SC_SLOWLINK)
+enum scenario {
+    SC_HEALTHY, SC_NONENTRY, SC_COUNT, SC_LINKSTALL, SC_KILLED, SC_STRAGGLER, SC_SLOWLINK, SC_SLOWPHASE
+};
+/* straggler, slowlink and slowphase jobs complete, only slower (the live watch's S1, S2, S3) */
+#define SC_COMPLETES(sc) \
+    ((sc) == SC_HEALTHY || (sc) == SC_STRAGGLER || (sc) == SC_SLOWLINK || (sc) == SC_SLOWPHASE)
 
 struct job_opts {
     const char *plugin;
@@ -82,7 +85,8 @@ struct job_opts {
     int hang_ms;       /* how long everything stays hung before the SIGKILL */
     int step_us;       /* pacing of ring steps */
     int delay_us;      /* straggler: the victim's pause before each collective; slowlink: the
-                          extra time each of the victim's network sends to its successor takes */
+                          extra time each of the victim's network sends to its successor takes;
+                          slowphase: every rank's pause before each collective from inject on */
     int api;
     int quiet;
 };

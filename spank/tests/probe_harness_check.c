@@ -172,6 +172,64 @@ static void check_straggler(struct tally *t, const struct job_opts *o, struct ra
           seen);
 }
 
+/* The live watch's S3 threshold: [live] phase_factor's default (slurm_attr/config.py). */
+#define PHASE_K 3
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median interval (ns) between world collectives opi-1 and opi over [from, to) in a record's ring,
+ * its smallest in *min; 0 when the ring holds none. */
+static uint64_t world_period(const struct sattr_hdr *h, uint64_t from, uint64_t to, uint64_t *min)
+{
+    uint64_t d[SATTR_PROBE_HRING];
+    size_t n = 0;
+    for (uint64_t opi = from < 1 ? 1 : from; opi < to && n < SATTR_PROBE_HRING; opi++) {
+        uint64_t a = entered(h, opi - 1), b = entered(h, opi);
+        if (a != 0 && b > a)
+            d[n++] = b - a;
+    }
+    if (n == 0)
+        return 0;
+    qsort(d, n, sizeof(d[0]), cmp_u64);
+    *min = d[0];
+    return d[n / 2];
+}
+
+/* slowphase: every rank's world period from the inject on (both ends of the interval slowed) is
+ * PHASE_K x its period before, and no interval is shorter than the two pauses of an iteration.
+ * Near miss, straggler: the victim pauses from the start, so although the job is slow, no rank's
+ * period jumps at the inject (a slow rank, S1, not a slow phase). */
+static void check_phase(struct tally *t, const struct job_opts *o, struct rank_rec *recs)
+{
+    int measured = 0, jumped = 0, paused = 0;
+    double lo = 1e30, hi = 0;
+    for (int r = 0; r < o->ranks; r++) {
+        uint64_t bmin = 0, amin = 0;
+        uint64_t b = world_period(recs[r].hdr, 1, (uint64_t)o->inject, &bmin);
+        uint64_t a = world_period(recs[r].hdr, (uint64_t)o->inject + 1, (uint64_t)o->ops, &amin);
+        if (a == 0 || b == 0)
+            continue;
+        measured++;
+        jumped += a >= PHASE_K * b;
+        paused += amin >= 2000u * (uint64_t)o->delay_us;
+        lo = (double)a / b < lo ? (double)a / b : lo;
+        hi = (double)a / b > hi ? (double)a / b : hi;
+    }
+    if (o->sc == SC_SLOWPHASE)
+        check(t, measured == o->ranks && jumped == o->ranks && paused == o->ranks,
+              "slowphase: all %d ranks' world period from collective %d on is >= %dx the one before "
+              "(x%.1f..x%.1f), each interval >= 2 x %d us",
+              measured, o->inject, PHASE_K, lo, hi, o->delay_us);
+    else
+        check(t, measured == o->ranks && jumped == 0,
+              "straggler: no rank's world period jumps %dx at collective %d (x%.1f..x%.1f of %d ranks)",
+              PHASE_K, o->inject, lo, hi, measured);
+}
+
 void check_scenario(struct tally *t, const struct job_opts *o)
 {
     struct rank_rec recs[64];
@@ -204,6 +262,8 @@ void check_scenario(struct tally *t, const struct job_opts *o)
         check(t, ok, "%s: every rank completed %d AllReduce, nothing in flight", sc, o->ops);
         if (o->sc == SC_STRAGGLER)
             check_straggler(t, o, recs);
+        if (o->sc == SC_STRAGGLER || o->sc == SC_SLOWPHASE)
+            check_phase(t, o, recs);
         if (o->sc == SC_SLOWLINK) {
             const struct sattr_peer *ps = find_peer(wv, (v + 1) % o->ranks);
             check(t, ps && ps->send_done > 0 && ps->send_done == ps->send_posted,

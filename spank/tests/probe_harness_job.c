@@ -14,7 +14,8 @@
  * hang_ms and SIGKILLs them all, as the epilog will find them. Slow but complete: a rank
  * that pauses delay_us before every collective it launches (straggler, a slow host or data
  * loader), a network link whose sends from the victim to its world successor each take
- * delay_us longer in SendWait (slowlink).
+ * delay_us longer in SendWait (slowlink), every rank pausing delay_us before each collective
+ * from iteration inject on (slowphase: a slower phase of the whole job, no rank to blame).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -36,8 +37,8 @@
 #define BLOCKED_MS 150   /* a wait this long counts as "stuck" */
 #define QCAP 64
 
-const char *const scenario_names[] = {"healthy",   "nonentry", "count",    "linkstall",
-                                      "killed",    "straggler", "slowlink", NULL};
+const char *const scenario_names[] = {"healthy",   "nonentry", "count",    "linkstall", "killed",
+                                      "straggler", "slowlink", "slowphase", NULL};
 
 enum { T_RUN, T_BLOCKED, T_FINISHED };
 
@@ -283,6 +284,17 @@ static void app_loop(struct rank_ctx *rc)
                         wait_ge(&rc->shm->launched[c->ci][m], k + 1, flag);
                 sleep_us(o->delay_us);
             }
+            if (o->sc == SC_SLOWPHASE && k >= o->inject) {
+                /* A slower phase of every rank (more compute per step, a slower input stage):
+                 * each host waits for its previous collectives to complete, as at a loss.item(),
+                 * then works delay_us before the launch. The wait keeps the ranks in step as a
+                 * GPU job's collectives do: with a bare pause every rank's launches run free of
+                 * the others (the proxy is idle, nothing holds them back), and on a loaded machine
+                 * could drift apart until one entered last by more than the straggler's minimum
+                 * gap: an S1 this scenario does not mean. */
+                wait_ge(&rc->qhead, LD(&rc->qtail), flag);
+                sleep_us(o->delay_us);
+            }
             wait_ge(&rc->qhead, LD(&rc->qtail) - AHEAD, flag); /* CUDA queue depth */
             struct op *op = &rc->q[LD(&rc->qtail) % QCAP];
             op->c = c;
@@ -392,7 +404,7 @@ int run_job(const struct job_opts *o)
         fprintf(stderr, "probe_harness: bad job shape\n");
         return 2;
     }
-    if (o->delay_us < 0 && (o->sc == SC_STRAGGLER || o->sc == SC_SLOWLINK)) {
+    if (o->delay_us < 0 && (o->sc == SC_STRAGGLER || o->sc == SC_SLOWLINK || o->sc == SC_SLOWPHASE)) {
         fprintf(stderr, "probe_harness: %s needs a delay\n", scenario_names[o->sc]);
         return 2;
     }

@@ -5,6 +5,7 @@ uniform slowness, a transient wait; one slow collective, a slowdown one rank cau
 from __future__ import annotations
 
 import random
+from datetime import datetime
 
 import pytest
 
@@ -278,6 +279,21 @@ def test_s3_every_rank_slows_together():
     assert "all 8 ranks of world" in s3[0]["what"] and "no rank entering late" in s3[0]["what"]
 
 
+def test_s3_since_stays_when_the_phase_began_across_refreshes():
+    # slow from collective 150, 20 a cycle (S3 looked at every cycle): found by cycle 9, refreshed
+    # at cycle 10 with the window moved on to collective ~180
+    tr = SlowTracker(cfg(), "7")
+    found = run_collectives(tr, 8, 4, 400, lambda k, r: 0, period_us=lambda k: 500_000 if k >= 150 else 100_000,
+                            per_cycle=20)
+    (f,) = [f for f in found if f["class"] == "S3" and f["comm"] == H]
+    assert f.get("updated"), "no refresh happened: the test would show nothing"
+    start = T0 + 150 * 100_000  # the first slow collective's entry, us (jitter under 1 ms)
+    since = datetime.fromisoformat(f["stats"]["since"]).timestamp() * 1e6
+    # near miss: the refreshed window's first collective, 30 slow ones (15 s) after the start
+    assert start <= since < start + 20 * 500_000, (f["stats"]["since"], f["what"])
+    assert f"since {f['stats']['since']}" in f["what"]
+
+
 def test_s3_near_miss_one_slow_collective_and_a_slowdown_one_rank_causes():
     tr = SlowTracker(cfg(), "7")
     assert not run_collectives(tr, 8, 4, 200, lambda k, r: 0,
@@ -333,3 +349,57 @@ def test_a_rank_that_never_reports_keeps_memory_bounded_and_fires_nothing():
         assert tr.cycle(summaries(8, 4, ents), doc) == []
     st = tr.comms[H]
     assert len(st.pend) <= 2 * L.HRING + 20 and not st.hist
+
+
+def two_comm_summaries(entries_world: dict[int, list], entries_half: dict[int, list]) -> list[dict]:
+    """8 ranks on two nodes in the world communicator (H) and a half ring of ranks 0-3 (H2)."""
+    out = []
+    for node in range(2):
+        ranks = range(node * 4, node * 4 + 4)
+        world = [{"cr": r, "g": r, "prog": 1, "fs": [0] * L.NFUNC, "peers": []} for r in ranks]
+        half = [{"cr": r, "g": r, "prog": 1, "fs": [0] * L.NFUNC, "peers": []} for r in ranks if r < 4]
+        comms = [{"hash": H, "label": f"world {H}", "nranks": 8, "members": world}]
+        ents = [[H, r, entries_world[r]] for r in ranks if r in entries_world]
+        if half:
+            comms.append({"hash": H2, "label": f"half {H2}", "nranks": 4, "members": half})
+            ents += [[H2, r, entries_half[r]] for r in ranks if r in entries_half]
+        out.append({"v": 1, "job": "7", "node": f"n{node}", "step": "0", "comms": comms, "slow": {"v": 1, "e": ents}})
+    return out
+
+
+H2 = "1f2e3d4c5b6a7988"
+
+
+def _two_comms(world_slow: bool, half_slow: bool, count: int = 400, per_cycle: int = 10) -> list[dict]:
+    rnd = random.Random(5)
+    tr = SlowTracker(cfg(), "7")
+    found, doc = [], {"findings": []}
+
+    def starts(slow: bool, offset: int) -> list[int]:
+        t, out = T0 + offset, []
+        for k in range(count):
+            t += 500_000 if (slow and k >= 150) else 100_000
+            out.append(t)
+        return out
+
+    sw, sh = starts(world_slow, 0), starts(half_slow, 30_000)
+    for c0 in range(0, count, per_cycle):
+        ks = range(max(0, c0 + per_cycle - 50), min(count, c0 + per_cycle))
+        ew = {r: [[k, sw[k] + rnd.randrange(500), AR] for k in ks] for r in range(8)}
+        eh = {r: [[k, sh[k] + rnd.randrange(500), AR] for k in ks] for r in range(4)}
+        new = tr.cycle(two_comm_summaries(ew, eh), doc)
+        doc["findings"] += new
+        found += [f for f in new if all(f is not g for g in found)]  # a refresh returns the same dict
+    assert tr.error is None, tr.error
+    return found
+
+
+def test_s3_one_finding_for_a_phase_every_communicator_shows():
+    # the whole job slows: the world and the half ring both do; one S3, the world's figures
+    found = _two_comms(world_slow=True, half_slow=True)
+    s3 = [f for f in found if f["class"] == "S3"]
+    assert len(s3) == 1, [f["what"] for f in s3]
+    assert s3[0]["comm"] == H and "all 8 ranks of world" in s3[0]["what"], s3[0]["what"]
+    # near miss: only the half ring's collectives slow (a phase of that group alone): its own S3
+    found = _two_comms(world_slow=False, half_slow=True)
+    assert [(f["class"], f["comm"]) for f in found] == [("S3", H2)], [f["what"] for f in found]

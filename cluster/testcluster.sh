@@ -182,6 +182,17 @@ exit \$rc
 EOF
         chmod 755 "$BASE/hooks/$hook.new"; mv "$BASE/hooks/$hook.new" "$BASE/hooks/$hook"
     done
+    # The live watcher the plugin starts (plugstack live_watcher=), for jobs in partition "live"
+    # only (live_partitions=): the other tests' jobs run as on a site without live watch.
+    cat > "$BASE/hooks/live_watch.new" <<EOF
+#!/bin/sh
+export SLURM_ATTR_CONFIG=$BASE/etc/slurm_attr.toml SLURM_ATTR_PYTHON=$PY SLURM_CONF=$CONF
+# the plugin gives it /dev/null for output; here a traceback lands in the cluster's logs
+exec $REPO/epilog/live_watch.sh "\$@" 2>>$BASE/log/live-watch.log
+EOF
+    chmod 755 "$BASE/hooks/live_watch.new"; mv "$BASE/hooks/live_watch.new" "$BASE/hooks/live_watch"
+    # The worker-server start-up hook as the hooks' venv installed it (worker_hook=).
+    local pyhook; pyhook=$("$PY" -I -c 'import os, slurm_attr.live as l; print(os.path.dirname(l.__file__) + "/pyhook")')
 
     cat > "$BASE/etc/slurm_attr.toml.new" <<EOF
 [paths]
@@ -207,10 +218,16 @@ node_wait_s = 20
 
 [intake]
 queue_dir = "$BASE/attr/pending"
+
+# The watchers the plugin starts for jobs in partition "live" (tests/integration/test_live_plugin.py,
+# which sets on_hang and ras_addr per test); the other live tests run watchers of their own.
+[live]
+hang_after_s = 5
+interval_s = 0.5
 EOF
 
     cat > "$BASE/etc/plugstack.conf.new" <<EOF
-optional $BASE/lib/slurm_attr.so evidence_root=$BASE/evidence probe_lib=$BASE/lib/libnccl-profiler-sattr.so
+optional $BASE/lib/slurm_attr.so evidence_root=$BASE/evidence probe_lib=$BASE/lib/libnccl-profiler-sattr.so live_watcher=$BASE/hooks/live_watch worker_hook=$pyhook live_partitions=live
 EOF
 
     cat > "$BASE/etc/slurmdbd.conf.new" <<EOF
@@ -276,6 +293,7 @@ EpilogSlurmctld=$BASE/hooks/epilog_slurmctld
 PrologEpilogTimeout=60
 NodeName=n[1-4] NodeHostname=$host NodeAddr=127.0.0.1 Port=[17001-17004] CPUs=2 RealMemory=1000 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+PartitionName=live Nodes=ALL Default=NO MaxTime=INFINITE State=UP
 EOF
     # slurmd >= 24.05 loads a cgroup plugin unless told not to; this host may have no usable
     # cgroup filesystem, and the cluster's ProctrackType/TaskPlugin need none.

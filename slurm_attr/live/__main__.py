@@ -52,14 +52,18 @@ def main(argv: list[str] | None = None) -> int:
     cfg = config_mod.load(a.config)
     if not cfg.live.enabled:
         return 0
-    from .watcher import Watcher
+    from .watcher import Watcher, process_start_ns
 
     _quiet_priority()
+    # The plugin forks this watcher before its step's first task execs, so every record of the
+    # step is newer than this process; older ones are an earlier step's (2 s: boot time's
+    # 1 s resolution). Without a plugin (--stepd-pid unset) all records count.
+    started = process_start_ns(os.getpid()) if a.stepd_pid is not None else None
     from .prekill import show_job
 
     # the leader reads the job's EndTime and GPUs from Slurm once (dumps before the end, cancel)
     Watcher(cfg, a.job, node, a.jobdir, leader=a.leader, nnodes=a.nnodes, gid=a.gid,
-            stepd_pid=a.stepd_pid, step=a.step,
+            stepd_pid=a.stepd_pid, step=a.step, since_ns=started - 2 * 10**9 if started else None,
             show_job=(lambda j: show_job(cfg, j)) if a.leader else None).run(max_cycles=a.cycles)
     return 0
 

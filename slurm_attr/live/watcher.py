@@ -37,9 +37,22 @@ def _proc_start(pid: int) -> str | None:
     return data.rsplit(b")", 1)[-1].split()[19].decode(errors="replace") if b")" in data else None
 
 
+def process_start_ns(pid: int) -> int | None:
+    """When the process started, in wall-clock ns (boot time, 1 s resolution, plus its start
+    in clock ticks); None when unreadable."""
+    start = _proc_start(pid)
+    try:
+        with open("/proc/stat", "rb") as f:
+            btime = next(int(ln.split()[1]) for ln in f.read(65536).splitlines() if ln.startswith(b"btime "))
+        return btime * 10**9 + int(start or "x") * 10**9 // os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, StopIteration, IndexError):
+        return None
+
+
 class Watcher:
     def __init__(self, cfg: Config, job: str, node: str, jobdir: str, leader: bool = False,
                  nnodes: int = 0, gid: int | None = None, stepd_pid: int | None = None,
+                 since_ns: int | None = None,
                  clock: Callable[[], float] = time.monotonic, step: str = "0",
                  end_ns: int | None = None, gpus: int | None = None,
                  show_job: Callable[[str], dict[str, str] | None] | None = None):
@@ -59,6 +72,10 @@ class Watcher:
         self.step_dir = os.path.join(self.live_dir, "steps", step)  # bundle-shaped snapshots
         self.doc: dict[str, Any] = findings.load_step(cfg.paths.spool, job, step) or {"findings": []}
         self.cycles = 0
+        self.yielded: str | None = None  # the step this batch-step watcher steps aside for
+        # Records created before this (an earlier step's ranks, frozen where they ended) are
+        # left out; None reads them all (a watcher started after its step, as in the tests).
+        self.since_ns = since_ns
         # evidence before the kill (prekill.py): every node serves the leader's dump requests
         # and, for jobs without probe records, polls its ranks' FR for frdetect.py
         self.node_dumps = NodeDumps(self.live_dir, job, step, node, jobdir)
@@ -71,6 +88,12 @@ class Watcher:
     # ---- the node's part --------------------------------------------------------------
     def node_cycle(self, now: float) -> dict[str, Any]:
         records, problems, sizes = read_local(self.jobdir, self.node)
+        if self.since_ns is not None:  # an earlier step's ranks: not this step's to judge
+            old = [r for r in records if r.create_rt_ns < self.since_ns]
+            if old:
+                records = [r for r in records if r.create_rt_ns >= self.since_ns]
+                for r in old:
+                    sizes.pop(os.path.basename(r.path), None)
         summary = summarize(self.job, self.node, records, problems)
         summary["seq"] = self.cycles
         if not summary["comms"]:  # no probe records here: the ranks' own FR, where they serve it
@@ -173,9 +196,40 @@ class Watcher:
             ld.request("before_end", None)
         return ld.settle(self.doc)
 
+    def yields_to(self) -> str | None:
+        """The numbered step whose watcher runs on this node, when this is the batch step's.
+        Probe records and worker sockets carry no step, so the batch script's watcher and its
+        srun step's would read the same ranks and report, dump and cancel twice; the srun
+        step's watchers see all of its nodes, so the batch one steps aside while one runs."""
+        if self.step != "batch":
+            return None
+        try:
+            steps = safefs.list_dir(self.live_dir, "summary")
+        except (UnsafePath, ValueError):
+            return None
+        fresh_ns = time.time_ns() - int(STALE_CYCLES * self.cfg.live.interval_s * 1e9)
+        for name, kind in steps:
+            if kind != "dir" or name == self.step or not store.valid_step(name):
+                continue
+            try:  # the spool is root's: only watchers write there
+                st = os.lstat(os.path.join(self.live_dir, "summary", name, f"{self.node}.json"))
+            except OSError:
+                continue
+            if st.st_mtime_ns >= fresh_ns:
+                return name
+        return None
+
     def cycle(self) -> list[dict[str, Any]]:
         now = self.clock()
         self.cycles += 1
+        other = self.yields_to()
+        if other is not None:
+            if self.yielded != other:  # nothing of ours may look current meanwhile
+                self.yielded = other
+                self._leave()
+            return []
+        if self.yielded is not None:  # back from stepping aside: that step's records are not ours
+            self.yielded, self.since_ns = None, time.time_ns()
         self.node_cycle(now)
         new = self.leader_cycle(now) if self.leader else []
         if self.node_dumps.serve() is not None and self.leader_dumps is not None:

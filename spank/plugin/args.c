@@ -117,6 +117,60 @@ static int sattr_set_opt_path(char *dst, size_t dstlen, const char *key, const c
 	return sattr_set_path(dst, dstlen, key, val, want_lib, err, errlen);
 }
 
+/* Slurm partition names as a comma list: letters, digits, '_', '-', '.', no empty item. */
+static int sattr_set_partitions(struct sattr_config *cfg, const char *val, char *err, size_t errlen)
+{
+	size_t i, n = strlen(val), item = 0;
+
+	if (n >= sizeof(cfg->live_partitions)) {
+		snprintf(err, errlen, "live_partitions= is longer than %zu characters",
+			 sizeof(cfg->live_partitions) - 1);
+		return -1;
+	}
+	for (i = 0; i <= n; i++) {
+		char c = val[i];
+
+		if (c == ',' || c == '\0') {
+			if (item == 0 && n > 0) {
+				snprintf(err, errlen, "live_partitions=%s: an empty partition name", val);
+				return -1;
+			}
+			item = 0;
+		} else if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+			   c == '_' || c == '-' || c == '.') {
+			item++;
+		} else {
+			snprintf(err, errlen, "live_partitions=%s: expected partition names separated by ','",
+				 val);
+			return -1;
+		}
+	}
+	memcpy(cfg->live_partitions, val, n + 1);
+	return 0;
+}
+
+int sattr_partition_listed(const char *list, const char *partition)
+{
+	size_t plen;
+	const char *p = list;
+
+	if (list[0] == '\0')
+		return 1;
+	if (partition == NULL || partition[0] == '\0')
+		return 0;
+	plen = strlen(partition);
+	for (;;) {
+		const char *end = strchr(p, ',');
+		size_t len = end != NULL ? (size_t)(end - p) : strlen(p);
+
+		if (len == plen && strncmp(p, partition, len) == 0)
+			return 1;
+		if (end == NULL)
+			return 0;
+		p = end + 1;
+	}
+}
+
 int sattr_config_parse_arg(struct sattr_config *cfg, const char *arg, char *err, size_t errlen)
 {
 	const char *eq = strchr(arg, '=');
@@ -164,6 +218,8 @@ int sattr_config_parse_arg(struct sattr_config *cfg, const char *arg, char *err,
 	if (SATTR_KEY("worker_hook"))
 		return sattr_set_opt_path(cfg->worker_hook, sizeof(cfg->worker_hook), "worker_hook", val,
 					  0, err, errlen);
+	if (SATTR_KEY("live_partitions"))
+		return sattr_set_partitions(cfg, val, err, errlen);
 	if (SATTR_KEY("nccl_debug")) {
 		if (strcasecmp(val, "WARN") == 0 || strcasecmp(val, "INFO") == 0) {
 			snprintf(cfg->nccl_debug, sizeof(cfg->nccl_debug), "%s",

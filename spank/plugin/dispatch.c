@@ -102,7 +102,7 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 	if (spank_context() != S_CTX_REMOTE)
 		return 0;
 	cfg = sattr_config(ac, av);
-	if (cfg->worker_hook[0] != '\0' && sattr_enabled_remote(sp, cfg))
+	if (cfg->worker_hook[0] != '\0' && sattr_live_remote(sp, cfg))
 		sattr_env_apply_task(sp, cfg);
 	return 0;
 }
@@ -117,8 +117,9 @@ int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
 	cfg = sattr_config(ac, av);
 	/* Every task: the rank map is the scheduler's fact, kept even when opted out. */
 	sattr_rankmap_record(sp, cfg);
-	/* Local task 0 of each step starts the node's live watcher (live_watcher= set). */
-	if (cfg->live_watcher[0] != '\0' && sattr_enabled_remote(sp, cfg))
+	/* Local task 0 of each step starts the node's live watcher (live_watcher= set, and the
+	 * job's partition in live_partitions= when that is set). */
+	if (cfg->live_watcher[0] != '\0' && sattr_live_remote(sp, cfg))
 		sattr_watcher_start(sp, cfg);
 	/* The directory once per slurmstepd, not once per task: the result cannot change. */
 	if (attempted)

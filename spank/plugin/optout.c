@@ -83,6 +83,28 @@ int sattr_enabled_remote(spank_t sp, const struct sattr_config *cfg)
 	return cached;
 }
 
+int sattr_live_remote(spank_t sp, const struct sattr_config *cfg)
+{
+	static int cached = -1;
+	char part[SATTR_PARTS_MAX];
+	const char *job_part;
+
+	if (cached >= 0)
+		return cached;
+	if (!sattr_enabled_remote(sp, cfg))
+		return cached = 0;
+	if (cfg->live_partitions[0] == '\0')
+		return cached = 1;
+	/* slurmstepd sets it from the launch request. A user who changes it in their own step's
+	 * environment only turns their own job's live watch on or off (--attr=off already can). */
+	job_part = sattr_job_getenv(sp, "SLURM_JOB_PARTITION", part, sizeof(part));
+	cached = sattr_partition_listed(cfg->live_partitions, job_part);
+	if (!cached)
+		sattr_debug("partition %s is not in live_partitions=%s: no live watch",
+			    job_part != NULL ? job_part : "(unknown)", cfg->live_partitions);
+	return cached;
+}
+
 int sattr_enabled_job_script(const struct sattr_config *cfg)
 {
 	char note[SATTR_NOTE_MAX];

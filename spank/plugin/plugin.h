@@ -26,6 +26,9 @@ SATTR_HIDDEN void sattr_option_register(spank_t sp);
 SATTR_HIDDEN void sattr_optout_publish(spank_t sp, const struct sattr_config *cfg);
 SATTR_HIDDEN int sattr_enabled_remote(spank_t sp, const struct sattr_config *cfg);
 SATTR_HIDDEN int sattr_enabled_job_script(const struct sattr_config *cfg);
+/* Attribution on and, with live_partitions= set, the job's partition listed: the live watcher
+ * and the worker hook apply to this step. */
+SATTR_HIDDEN int sattr_live_remote(spank_t sp, const struct sattr_config *cfg);
 
 /* evidence.c: job identity and the evidence directory from a root context */
 SATTR_HIDDEN int sattr_item_job_id(spank_t sp, char out[SATTR_ID_MAX]);

@@ -26,6 +26,8 @@
 /* Decimal uint32_t plus NUL. */
 #define SATTR_ID_MAX 11
 #define SATTR_FR_BUFFER_MAX 1000000u
+/* live_partitions=: a comma list of partition names (Slurm's names are short). */
+#define SATTR_PARTS_MAX 256
 
 _Static_assert(SATTR_PATH_MAX + 128 <= PATH_MAX, "job paths must fit PATH_MAX");
 _Static_assert(SATTR_ENV_VALUE_MAX <= INT_MAX, "spank_getenv takes an int length");
@@ -42,6 +44,7 @@ struct sattr_config {
 	char nccl_debug[8];                 /* nccl_debug=WARN|INFO|off; "" = off */
 	char live_watcher[SATTR_PATH_MAX];  /* live_watcher=/abs/exe; "" = no live watch */
 	char worker_hook[SATTR_PATH_MAX];   /* worker_hook=/abs/dir (sitecustomize.py); "" = off */
+	char live_partitions[SATTR_PARTS_MAX]; /* live_partitions=a,b: live features only there; "" = all */
 };
 
 /* ---- args.c: plugstack arguments and value parsing ---- */
@@ -55,6 +58,10 @@ SATTR_HIDDEN int sattr_parse_bool(const char *s);
 SATTR_HIDDEN int sattr_parse_u32(const char *s, uint32_t max, uint32_t *out);
 /* A job id: decimal, 1..UINT32_MAX-1, copied canonical into out. 0 on success. */
 SATTR_HIDDEN int sattr_parse_job_id(const char *s, char out[SATTR_ID_MAX]);
+
+/* 1 if partition is one of list's comma-separated names, or list is empty (every partition);
+ * 0 otherwise, and for a NULL partition (unknown) with a non-empty list. */
+SATTR_HIDDEN int sattr_partition_listed(const char *list, const char *partition);
 
 /* ---- optout decision (args.c) ---- */
 /*

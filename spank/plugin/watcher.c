@@ -44,8 +44,12 @@ void sattr_watcher_start(spank_t sp, const struct sattr_config *cfg)
 		sattr_error("live watcher: step facts unavailable; not started");
 		return;
 	}
-	if (stepid == SATTR_BATCH_STEP)
+	if (stepid == SATTR_BATCH_STEP) {
+		/* The batch script runs on the job's first node alone (Slurm gives 0 nodes here). */
 		snprintf(step, sizeof(step), "batch");
+		nnodes = 1;
+		nodeid = 0;
+	}
 	else if (stepid >= SATTR_FIRST_SPECIAL_STEP)
 		return;
 	else

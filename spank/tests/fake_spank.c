@@ -27,6 +27,7 @@ void fake_reset(spank_context_t ctx)
 	fake.job_id = 1234;
 	fake.uid = 4242;
 	fake.gid = 4343;
+	fake.nnodes = 1;
 }
 
 static int kv_find(char *kv[][2], int n, const char *name)
@@ -156,6 +157,21 @@ spank_err_t spank_get_item(spank_t sp, spank_item_t item, ...)
 		break;
 	case S_JOB_GID:
 		*va_arg(ap, gid_t *) = fake.gid;
+		break;
+	case S_TASK_ID: /* spank.h: int * */
+		*va_arg(ap, int *) = (int)fake.task_id;
+		break;
+	case S_TASK_GLOBAL_ID:
+		*va_arg(ap, uint32_t *) = fake.global_task_id;
+		break;
+	case S_JOB_STEPID:
+		*va_arg(ap, uint32_t *) = fake.step_id;
+		break;
+	case S_JOB_NODEID:
+		*va_arg(ap, uint32_t *) = fake.node_id;
+		break;
+	case S_JOB_NNODES:
+		*va_arg(ap, uint32_t *) = fake.nnodes;
 		break;
 	default:
 		rc = ESPANK_BAD_ARG;

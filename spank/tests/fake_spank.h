@@ -14,6 +14,7 @@ struct fake_spank {
 	uint32_t job_id;
 	uid_t uid;
 	gid_t gid;
+	uint32_t task_id, global_task_id, step_id, node_id, nnodes; /* 0, 0, 0, 0, 1 */
 	struct spank_option *opts[FAKE_MAX];
 	int n_opts;
 	char *env[FAKE_MAX][2]; /* the job's environment (remote context) */

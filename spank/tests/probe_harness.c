@@ -11,16 +11,31 @@
  *       --delay-us (2000) longer; slowphase: from iteration --inject on, every rank pauses
  *       --delay-us (30000) before each collective (two per iteration: ~72 ms per iteration against
  *       ~12 ms before, well past the live watch's phase_factor of 3). All three complete.
+ *   probe_harness run --plugin LIB [--out DIR] --scenario S --shm PATH --node-index I [options]
+ *       node mode, one harness process per node of a real multi-node job, e.g.
+ *         srun -N2 --ntasks-per-node=1 probe_harness run ... --ranks 8 --per-node 4 \
+ *              --shm /dev/shm/x --node-index $SLURM_NODEID
+ *       forks only node I's ranks (I < ranks / per-node). The processes share the job's state
+ *       in the file PATH (created by the first, grown, never cleared: the caller removes it
+ *       after the job, and gives each job a new one) and start their ranks once all have come
+ *       (60 s at most, else exit 2). With --out, records land as above; without it, where the
+ *       job's SLURM_ATTR_PROBE_DIR says, under the job's node name, job and step (only the
+ *       rank's SLURM_PROCID, RANK, LOCAL_RANK, WORLD_SIZE are the harness's). Exit status and
+ *       last line are this process's and its ranks'. --shm alone: one process, state in PATH.
  *   probe_harness selftest --plugin LIB [--quick] [--keep]
  *       every scenario and the robustness cases, checked; ends with "N passed, M failed"
  *   probe_harness layout
  *       the record layout as JSON, for the Python reader's cross-check
  */
+#include <errno.h>
 #include <ftw.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "probe_harness.h"
@@ -42,6 +57,8 @@ static int default_delay_us(enum scenario sc)
 static int usage(void)
 {
     fprintf(stderr, "usage: probe_harness run --plugin LIB --out DIR --scenario S [options]\n"
+                    "       probe_harness run --plugin LIB [--out DIR] --scenario S --shm PATH\n"
+                    "                         --node-index I [options]\n"
                     "       probe_harness selftest --plugin LIB [--quick] [--keep]\n"
                     "       probe_harness lanes --plugin LIB --out DIR\n"
                     "       probe_harness layout\n");
@@ -91,6 +108,10 @@ static int parse_job(int argc, char **argv, struct job_opts *o)
             rc = int_arg(v, 0, 10000000, &o->delay_us), delay_set = 1;
         else if (!strcmp(a, "--api"))
             rc = int_arg(v, 3, 5, &o->api);
+        else if (!strcmp(a, "--shm"))
+            o->shm_path = v;
+        else if (!strcmp(a, "--node-index"))
+            rc = int_arg(v, 0, 63, &o->node_index);
         else
             return -1;
         if (rc != 0)
@@ -101,13 +122,148 @@ static int parse_job(int argc, char **argv, struct job_opts *o)
         o->victim = default_victim(o->sc);
     if (!delay_set)
         o->delay_us = default_delay_us(o->sc);
-    return o->plugin && o->out ? 0 : -1;
+    /* run_job says why a combination does not hold */
+    return o->plugin && (o->out || o->node_index >= 0) ? 0 : -1;
 }
 
 static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {
     (void)st, (void)flag, (void)ftw;
     return remove(path);
+}
+
+/* A scenario as the self-test plays it. */
+static void scenario_opts(struct job_opts *o, const char *plugin, enum scenario sc, int api, int quick)
+{
+    job_defaults(o);
+    o->plugin = plugin;
+    o->sc = sc;
+    o->api = api;
+    o->victim = default_victim(sc);
+    o->delay_us = default_delay_us(sc);
+    o->quiet = 1;
+    if (quick) { /* ThreadSanitizer runs are ~10x slower */
+        o->ops = 6;
+        o->inject = 4;
+        o->hang_ms = 300;
+        if (sc == SC_SLOWPHASE)
+            o->delay_us *= 10; /* the jump is against a healthy period that is 10x longer too */
+    }
+}
+
+/* The env a task of job `job` has on node `node` with the probe on: the probe dir the SPANK
+ * plugin made, under dir as --out would put it (so the same checks read it). */
+static int job_env(const char *dir, int node, long job)
+{
+    char p[4096], name[32], id[32];
+    snprintf(name, sizeof(name), "node%d", node);
+    snprintf(id, sizeof(id), "%ld", job);
+    /* each level down to the probe dir (a format each, `name` unused by the first two) */
+    const char *const parts[] = {"%s", "%s/nodes", "%s/nodes/%s", "%s/nodes/%s/probe"};
+    for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++) {
+        snprintf(p, sizeof(p), parts[i], dir, name);
+        if (mkdir(p, i == 3 ? 0700 : 0755) != 0 && errno != EEXIST)
+            return -1;
+    }
+    setenv("SLURM_ATTR_PROBE_DIR", p, 1);
+    setenv("SLURMD_NODENAME", name, 1);
+    setenv("SLURM_JOB_ID", id, 1);
+    setenv("SLURM_STEP_ID", "0", 1);
+    return 0;
+}
+
+/* Node mode as `srun -N<nodes> --ntasks-per-node=1` starts it: a process per node, each playing
+ * its node's ranks through o->shm_path. env_job != 0: without --out, each in the env a task of
+ * that job has (job_env). 0 when every node process exited 0. */
+static int run_nodes(const struct job_opts *base, const char *dir, long env_job)
+{
+    int nodes = base->ranks / base->per_node, started, bad = 0;
+    pid_t pids[64];
+
+    fflush(NULL);
+    for (started = 0; started < nodes; started++) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            struct job_opts o = *base;
+            int rc = 2;
+            o.node_index = started;
+            if (env_job != 0)
+                o.out = NULL;
+            if (env_job == 0 || job_env(dir, started, env_job) == 0)
+                rc = run_job(&o);
+            fflush(NULL);
+            _exit(rc);
+        }
+        if (pid < 0) { /* those started give up at the start barrier */
+            bad = 1;
+            break;
+        }
+        pids[started] = pid;
+    }
+    for (int i = 0; i < started; i++) {
+        int st;
+        if (waitpid(pids[i], &st, 0) != pids[i] || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+            bad = 1;
+    }
+    return bad;
+}
+
+#define NARGS(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+static int count_records(const char *out)
+{
+    struct rank_rec recs[64];
+    int n = load_records(out, recs, 64);
+    free_records(recs, 64);
+    return n;
+}
+
+/* What node mode refuses before any rank runs, and its start barrier. */
+static void check_node_refusals(struct tally *t, const char *plugin, const char *tmp)
+{
+    char out[4096], shm[4096 + 8], *saved;
+    struct job_opts o;
+
+    snprintf(out, sizeof(out), "%s/refused", tmp);
+    snprintf(shm, sizeof(shm), "%s.shm", out);
+    char *no_shm[] = {"probe_harness", "run", "--plugin", (char *)plugin, "--out", out, "--scenario",
+                      "healthy", "--ranks", "8", "--per-node", "4", "--node-index", "0"};
+    check(t, parse_job(NARGS(no_shm), no_shm, &o) == 0 && run_job(&o) == 2 && access(out, F_OK) != 0,
+          "node mode: --node-index without --shm is refused");
+    char *past[] = {"probe_harness", "run", "--plugin", (char *)plugin, "--out", out, "--scenario",
+                    "healthy", "--ranks", "8", "--per-node", "4", "--shm", shm, "--node-index", "2"};
+    check(t, parse_job(NARGS(past), past, &o) == 0 && run_job(&o) == 2 && access(shm, F_OK) != 0 &&
+                 access(out, F_OK) != 0,
+          "node mode: --node-index 2 of 8 ranks, 4 per node is refused");
+    char *no_out[] = {"probe_harness", "run", "--plugin", (char *)plugin, "--scenario", "healthy"};
+    check(t, parse_job(NARGS(no_out), no_out, &o) != 0 && run_job(&o) == 2,
+          "no --out without --node-index is refused");
+    saved = getenv("SLURM_ATTR_PROBE_DIR") ? strdup(getenv("SLURM_ATTR_PROBE_DIR")) : NULL;
+    unsetenv("SLURM_ATTR_PROBE_DIR");
+    char *no_dir[] = {"probe_harness", "run", "--plugin", (char *)plugin, "--scenario", "healthy",
+                      "--ranks", "8", "--per-node", "4", "--shm", shm, "--node-index", "0"};
+    check(t, parse_job(NARGS(no_dir), no_dir, &o) == 0 && run_job(&o) == 2 && access(shm, F_OK) != 0,
+          "node mode: without --out, no SLURM_ATTR_PROBE_DIR is refused");
+    if (saved != NULL)
+        setenv("SLURM_ATTR_PROBE_DIR", saved, 1);
+    free(saved);
+
+    /* the barrier: node 0 alone waits, then gives up before any rank ran */
+    snprintf(out, sizeof(out), "%s/alone", tmp);
+    snprintf(shm, sizeof(shm), "%s.shm", out);
+    char *alone[] = {"probe_harness", "run", "--plugin", (char *)plugin, "--out", out, "--scenario",
+                     "healthy", "--ranks", "8", "--per-node", "4", "--shm", shm, "--node-index", "0"};
+    if (parse_job(NARGS(alone), alone, &o) != 0)
+        return;
+    o.quiet = 1;
+    o.join_ms = 100;
+    check(t, run_job(&o) == 2 && count_records(out) == 0,
+          "node mode: node 0 alone waits %d ms at the start, then gives up, no rank run", o.join_ms);
+    /* ... and left: node 1 coming later waits for node 0 as well, instead of running alone */
+    o.node_index = 1;
+    check(t, run_job(&o) == 2 && count_records(out) == 0,
+          "node mode: node 1 coming after node 0 gave up waits and gives up too");
+    unlink(shm);
 }
 
 static int selftest(int argc, char **argv)
@@ -122,6 +278,13 @@ static int selftest(int argc, char **argv)
     } plan[] = {{SC_HEALTHY, 5}, {SC_NONENTRY, 5}, {SC_COUNT, 5}, {SC_LINKSTALL, 5},
                 {SC_KILLED, 5}, {SC_HEALTHY, 4}, {SC_LINKSTALL, 4}, {SC_NONENTRY, 3},
                 {SC_STRAGGLER, 5}, {SC_SLOWLINK, 5}, {SC_SLOWPHASE, 5}};
+    /* node mode: two node processes of 4 ranks (the ring edges 3->4 and 7->0 cross nodes) must
+     * leave records the single-process checks cannot tell apart; the last one without --out,
+     * in a real job's env (its job id, not the harness's 4242) */
+    static const struct {
+        enum scenario sc;
+        long env_job;
+    } nplan[] = {{SC_NONENTRY, 0}, {SC_HEALTHY, 0}, {SC_LINKSTALL, 0}, {SC_HEALTHY, 4343}};
 
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--plugin") && i + 1 < argc)
@@ -138,25 +301,34 @@ static int selftest(int argc, char **argv)
     setvbuf(stdout, NULL, _IOLBF, 0);
     for (size_t i = 0; i < sizeof(plan) / sizeof(plan[0]); i++) {
         struct job_opts o;
-        job_defaults(&o);
-        o.plugin = plugin;
-        o.sc = plan[i].sc;
-        o.api = plan[i].api;
-        o.victim = default_victim(o.sc);
-        o.delay_us = default_delay_us(o.sc);
-        o.quiet = 1;
-        if (quick) { /* ThreadSanitizer runs are ~10x slower */
-            o.ops = 6;
-            o.inject = 4;
-            o.hang_ms = 300;
-            if (o.sc == SC_SLOWPHASE)
-                o.delay_us *= 10; /* the jump is against a healthy period that is 10x longer too */
-        }
+        scenario_opts(&o, plugin, plan[i].sc, plan[i].api, quick);
         snprintf(out, sizeof(out), "%s/%s-v%d", tmp, scenario_names[o.sc], o.api);
         o.out = out;
         check(&t, run_job(&o) == 0, "%s (v%d): job played out", scenario_names[o.sc], o.api);
         check_scenario(&t, &o);
+        check_identity(&t, &o, 4242);
     }
+    for (size_t i = 0; i < sizeof(nplan) / sizeof(nplan[0]); i++) {
+        struct job_opts o;
+        char shm[4096 + 8];
+        const char *sc = scenario_names[nplan[i].sc];
+        scenario_opts(&o, plugin, nplan[i].sc, 5, quick);
+        o.per_node = 4;
+        snprintf(out, sizeof(out), "%s/%s-nodes%s", tmp, sc, nplan[i].env_job ? "-env" : "");
+        snprintf(shm, sizeof(shm), "%s.shm", out);
+        o.out = out;
+        o.shm_path = shm;
+        check(&t, run_nodes(&o, out, nplan[i].env_job) == 0, "%s (v5): job played out by 2 node "
+              "processes%s", sc, nplan[i].env_job ? ", without --out in the job's env" : "");
+        check_scenario(&t, &o);
+        check_identity(&t, &o, nplan[i].env_job ? (uint64_t)nplan[i].env_job : 4242);
+        if (i == 0) { /* its join count says so: its ranks' counters would mislead ours */
+            o.node_index = 0;
+            check(&t, run_job(&o) == 2, "node mode: a --shm file a run has used is refused");
+        }
+        unlink(shm); /* the caller's part */
+    }
+    check_node_refusals(&t, plugin, tmp);
     check_robustness(&t, plugin, tmp);
     if (!keep && t.failed == 0)
         nftw(tmp, rm_entry, 16, FTW_DEPTH | FTW_PHYS);

@@ -2,7 +2,8 @@
  * GPU-less harness for the NCCL profiler probe: loads the plugin the way NCCL does
  * (dlopen RTLD_NOW|RTLD_LOCAL, dlsym ncclProfiler_v5/v4/v3) and drives it with NCCL's
  * event order for ring collectives, one process per simulated rank, an application
- * thread and a proxy thread per process.
+ * thread and a proxy thread per process; in node mode one harness process per node of a
+ * real Slurm job forks that node's ranks.
  *
  *   probe_harness_nccl.c   the fake NCCL: loading, descriptors per ABI version
  *   probe_harness_job.c    the simulated job: ranks, threads, ring steps, injected faults
@@ -75,7 +76,8 @@ enum scenario {
 
 struct job_opts {
     const char *plugin;
-    const char *out;   /* bundle dir: files go to <out>/nodes/<node>/probe/ */
+    const char *out;   /* bundle dir: files go to <out>/nodes/<node>/probe/; NULL (node mode
+                          only): the real job's SLURM_ATTR_PROBE_DIR, node name, job and step */
     enum scenario sc;
     int ranks;         /* 8 */
     int per_node;      /* 2 */
@@ -89,6 +91,11 @@ struct job_opts {
                           slowphase: every rank's pause before each collective from inject on */
     int api;
     int quiet;
+    /* Node mode: one harness process per (pretend) node of a real multi-node job, each
+     * forking only its node's ranks; the processes share the job's state through a file. */
+    const char *shm_path; /* NULL: anonymous shared memory (every rank is this process's child) */
+    int node_index;       /* -1: this process plays every node; else only this node (shm_path) */
+    int join_ms;          /* how long a node process waits for the others before any rank starts */
 };
 
 extern const char *const scenario_names[];
@@ -123,6 +130,7 @@ struct sattr_slot *find_slot(const struct rank_rec *r, uint64_t hash);
 const struct sattr_peer *find_peer(const struct sattr_slot *s, int peer);
 
 void check_scenario(struct tally *t, const struct job_opts *o);
+void check_identity(struct tally *t, const struct job_opts *o, uint64_t job_id);
 void check_robustness(struct tally *t, const char *plugin, const char *tmpdir);
 /* robustness and lanes checks (probe_harness_check.c, probe_harness_lanes.c) */
 struct rb {

@@ -65,6 +65,28 @@ static void test_valid_args(void)
 	CHECK_STR(cfg.nccl_debug, "INFO");
 	CHECK(parse1(&cfg, "nccl_debug=OFF") == 0);
 	CHECK_STR(cfg.nccl_debug, "");
+	CHECK(parse1(&cfg, "live_partitions=gpu,gpu-long,a100_x.8") == 0);
+	CHECK_STR(cfg.live_partitions, "gpu,gpu-long,a100_x.8");
+	CHECK(parse1(&cfg, "live_partitions=") == 0);
+	CHECK_STR(cfg.live_partitions, "");
+}
+
+/* live_partitions=: which jobs get the live watcher and worker hook */
+static void test_partitions(void)
+{
+	CHECK(sattr_partition_listed("", "debug"));
+	CHECK(sattr_partition_listed("", NULL)); /* no list: every job */
+	CHECK(sattr_partition_listed("gpu", "gpu"));
+	CHECK(sattr_partition_listed("cpu,gpu", "gpu"));
+	CHECK(sattr_partition_listed("gpu,cpu", "gpu"));
+	CHECK(sattr_partition_listed("a,gpu,b", "gpu"));
+	/* near misses: prefixes, suffixes, unknown */
+	CHECK(!sattr_partition_listed("gpu", "gpu-long"));
+	CHECK(!sattr_partition_listed("gpu-long", "gpu"));
+	CHECK(!sattr_partition_listed("gpu,cpu", "pu"));
+	CHECK(!sattr_partition_listed("gpu,cpu", "gpu,cpu"));
+	CHECK(!sattr_partition_listed("gpu", NULL));
+	CHECK(!sattr_partition_listed("gpu", ""));
 }
 
 static void test_invalid_args(void)
@@ -80,6 +102,8 @@ static void test_invalid_args(void)
 		"probe_lib=/opt/x/profiler.so", "probe_lib=/opt/x/libfoo.so.1",
 		"probe_lib=/opt/x/lib.so", "probe_lib=/opt/x/", "probe_lib=/opt:x/libp.so",
 		"nccl_debug=TRACE", "nccl_debug=", "nccl_debug=WARNING",
+		"live_partitions=gpu,", "live_partitions=,gpu", "live_partitions=a,,b",
+		"live_partitions=gpu cpu", "live_partitions=g;x", "live_partitions=g/x",
 	};
 	size_t i;
 
@@ -182,6 +206,7 @@ void test_args(void)
 	test_valid_args();
 	test_invalid_args();
 	test_long_path();
+	test_partitions();
 	test_values();
 	test_decide();
 	test_paths();

@@ -5,6 +5,7 @@
  */
 #include <dlfcn.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -234,6 +235,95 @@ static void test_remote(void)
 	}
 }
 
+/* True once a line of path contains want (the detached watcher writes it a moment later). */
+static int file_has_line(const char *path, const char *want, int wait_ms)
+{
+	char line[512];
+	int ms;
+
+	for (ms = 0; ms <= wait_ms; ms += 20) {
+		FILE *f = fopen(path, "r");
+
+		if (f != NULL) {
+			while (fgets(line, sizeof(line), f) != NULL)
+				if (strstr(line, want) != NULL) {
+					fclose(f);
+					return 1;
+				}
+			fclose(f);
+		}
+		usleep(20000);
+	}
+	return 0;
+}
+
+/* live_watcher= and worker_hook= apply to jobs in live_partitions= only (every job without). */
+static void test_live_partitions(void)
+{
+	char exe[192], log[192], want[64];
+	char *av[] = { arg("evidence_root=%s", root), NULL, arg("worker_hook=%s", base),
+		       "live_partitions=live,gpu" };
+	FILE *f;
+	int i;
+	static const struct {
+		uint32_t job;
+		const char *partition; /* NULL: unset */
+		int live;
+	} jobs[] = { { 1400, "live", 1 }, { 1401, "debug", 0 }, { 1402, "gpu", 1 },
+		     { 1403, "live-long", 0 }, { 1404, NULL, 0 } };
+
+	snprintf(exe, sizeof(exe), "%s/watch.sh", base);
+	snprintf(log, sizeof(log), "%s/watched", base);
+	av[1] = arg("live_watcher=%s", exe);
+	f = fopen(exe, "w");
+	CHECK(f != NULL);
+	if (f == NULL)
+		return;
+	/* the watcher starts with a clean environment: its arguments say which job it watches */
+	fprintf(f, "#!/bin/sh\necho \"$*\" >> %s\n", log);
+	fclose(f);
+	CHECK(chmod(exe, 0755) == 0);
+	for (i = 0; i < (int)(sizeof(jobs) / sizeof(jobs[0])); i++) {
+		load(S_CTX_REMOTE);
+		fake.job_id = jobs[i].job;
+		fake.nnodes = 2;
+		fake_env_put("SLURM_STEP_NODELIST", "n[1-2]");
+		if (jobs[i].partition != NULL)
+			fake_env_put("SLURM_JOB_PARTITION", jobs[i].partition);
+		CHECK(call("slurm_spank_init", 4, av) == 0);
+		CHECK(call("slurm_spank_user_init", 4, av) == 0);
+		CHECK(call("slurm_spank_task_init_privileged", 4, av) == 0);
+		CHECK(call("slurm_spank_task_init", 4, av) == 0);
+		CHECK((fake_env_get("TORCH_WORKER_SERVER_SOCKET") != NULL) == jobs[i].live);
+		CHECK(fake_logged("is not in live_partitions=live,gpu") == !jobs[i].live);
+		check_log_prefix();
+	}
+	/* The starts are detached: the listed jobs' lines come; then none of the others' is there
+	 * (they were never spawned, so there is nothing left to wait for). */
+	for (i = 0; i < (int)(sizeof(jobs) / sizeof(jobs[0])); i++) {
+		snprintf(want, sizeof(want), "--job %u ", jobs[i].job);
+		if (jobs[i].live)
+			CHECK(file_has_line(log, want, 5000));
+	}
+	for (i = 0; i < (int)(sizeof(jobs) / sizeof(jobs[0])); i++) {
+		snprintf(want, sizeof(want), "--job %u ", jobs[i].job);
+		if (!jobs[i].live)
+			CHECK(!file_has_line(log, want, 0));
+	}
+	/* The batch step: one node (Slurm says 0 there), the leader of its own watch. */
+	load(S_CTX_REMOTE);
+	fake.job_id = 1405;
+	fake.step_id = 0xfffffffbu; /* SLURM_BATCH_SCRIPT */
+	fake.nnodes = 0;
+	fake.node_id = 0;
+	fake_env_put("SLURM_NODELIST", "n[1-2]");
+	fake_env_put("SLURM_JOB_PARTITION", "live");
+	CHECK(call("slurm_spank_init", 4, av) == 0);
+	CHECK(call("slurm_spank_task_init_privileged", 4, av) == 0);
+	CHECK(file_has_line(log, "--job 1405 --step batch --nodelist n[1-2] --nodeid 0 --nnodes 1 ", 5000));
+	CHECK(file_has_line(log, "--job 1405 ", 0) && file_has_line(log, " --leader", 0));
+}
+
 /* slurmd's job_prolog: job identity from the hook environment. */
 static void test_job_prolog(void)
 {
@@ -306,6 +396,7 @@ int main(int argc, char **argv)
 	test_stamp();
 	test_client();
 	test_remote();
+	test_live_partitions();
 	test_job_prolog();
 	if (handle != NULL)
 		dlclose(handle);

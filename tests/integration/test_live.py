@@ -8,9 +8,9 @@ The harness's eight rank processes share memory, so they all run on the batch ho
 0-3 play the first node and 4-7 the second (their records in h/nodes/node0 and node1 of
 the job's evidence dir). The watchers run here, as root on the host, over each pretend
 node's evidence root ($BASE/nodes/<node>/evidence), exactly the files a watcher on that
-node reads; each is named after one of the job's two nodes. The plugin's own start of the
-watcher (spank/plugin/watcher.c, plugstack live_watcher=) is covered by the C tests: the
-test cluster's plugstack.conf does not set live_watcher= (yet).
+node reads; each is named after one of the job's two nodes. These jobs run in the default
+partition, where the plugin starts no watcher (plugstack live_partitions=live); the watchers
+the plugin starts are tested in test_live_plugin.py.
 """
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Evidence before the kill on the real cluster: a 2-node Gloo torch job whose ranks run
 torch's worker server (the start-up hook slurm_attr/live/pyhook, with the variable set in
-the job script: the test cluster's plugstack does not set worker_hook=), one rank asleep
+the job script: the plugstack's worker_hook= is for partition live only, see
+test_live_plugin.py), one rank asleep
 before a collective. One watcher per node runs here, in-process, as root, over each node's
 evidence dir (as tests/integration/test_live.py does). Gloo has no probe records, so the
 hang is found from the ranks' own Flight Recorder (frdetect.py); the watchers pull

@@ -223,3 +223,61 @@ def test_a_restarted_workers_old_record_is_no_hang(tmp_path):
     (sim.jobdirs["n1"] / "probe" / "rank5.probe").unlink()
     found = sim.run(15)
     assert sorted(f["comm"] for f in found) == ["0000000000001234", f"{WORLD:016x}"]
+
+
+# ---- records of an earlier step, and the batch step's watcher beside an srun step ----------
+def _frozen_step(sim: Sim, rt_ns: int) -> None:
+    """An earlier step's ranks (other global ranks: a smaller step's), killed inside
+    AllReduce #7 of a communicator of their own."""
+    for r in range(sim.n):
+        old = record_bytes(r + 100, [spec(r, sim.n, 7, comm_hash=0x5151)], pid=50 + r, node=sim.node_of(r),
+                           rt_ns=rt_ns, mono_ns=1)
+        (sim.jobdirs[sim.node_of(r)] / "probe" / f"rank{r}.step0.probe").write_bytes(old)
+
+
+def test_a_watcher_leaves_out_the_records_of_steps_before_its_own(tmp_path):
+    sim = Sim(tmp_path)
+    _frozen_step(sim, RT0 - 600 * 10**9)  # ten minutes before this step began
+    for w in sim.watchers:
+        w.since_ns = RT0 - 2 * 10**9  # what __main__ gives a watcher the plugin started
+    k = _healthy(sim)
+    assert _healthy(sim, ticks=30, start=k) and sim.run(0) == []
+    # near miss: a watcher reading every record (since_ns None) calls the frozen step a hang
+    for w in sim.watchers:
+        w.since_ns = None
+    found, k = [], k + 30
+    for k in range(k, k + 15):
+        sim.write(lambda r, k=k: {"k": k})
+        found += sim.tick()
+    assert [f["comm"] for f in found] == ["0000000000005151"]
+
+
+def test_the_batch_steps_watcher_steps_aside_while_an_srun_step_watches_its_node(tmp_path):
+    sim = Sim(tmp_path)
+    n0 = sim.nodes[0]
+    # the batch script's watcher on the first node: the same probe dir as the srun step's
+    batch = Watcher(sim.cfg, JOB, n0, str(sim.jobdirs[n0]), leader=True, nnodes=1,
+                    clock=lambda: sim.now, step="batch")
+    sim.watchers.append(batch)
+    k = _healthy(sim)
+    sim.write(lambda r: {"k": k, "inflight": 0} if r == 5 else {"k": k + 1})
+    found = sim.run(15)
+    assert [(f["class"], f["step"]) for f in found] == [("H1", "0")]  # once, by step 0's leader
+    live = tmp_path / "spool" / "live" / JOB
+    assert not (live / "finding.batch.json").exists() and not (live / "summary" / "batch" / f"{n0}.json").exists()
+    assert batch.yielded == "0"
+    # the srun step ends (its watchers leave): the batch watcher reads again, but not the
+    # records that step left behind, frozen where it was killed
+    for w in sim.watchers[:-1]:
+        w._leave()
+    sim.watchers = [batch]
+    assert sim.run(20) == [] and batch.yielded is None and batch.since_ns is not None
+    assert (live / "summary" / "batch" / f"{n0}.json").exists()
+    # near miss: a batch-step watcher alone (no srun step) watches the ranks it sees
+    (tmp_path / "solo").mkdir()
+    solo = Sim(tmp_path / "solo", per_node=8)
+    solo.watchers = [Watcher(solo.cfg, JOB, solo.nodes[0], str(solo.jobdirs[solo.nodes[0]]), leader=True,
+                             nnodes=1, clock=lambda: solo.now, step="batch")]
+    k = _healthy(solo)
+    solo.write(lambda r: {"k": k, "inflight": 0} if r == 5 else {"k": k + 1})
+    assert [(f["class"], f["step"], f["ranks"]) for f in solo.run(15)] == [("H1", "batch", [5])]

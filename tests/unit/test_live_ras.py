@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from unix_servers import TcpServer
+from unix_servers import RasServer
 
 from slurm_attr.config import Config, ConfigError, from_dict, host_port
 from slurm_attr.live import prekill, ras, rasreport
@@ -182,56 +182,6 @@ def test_hash_forms_meet():
 
 
 # ---- the TCP client against a server speaking NCCL's protocol ------------------------------
-class RasServer(TcpServer):
-    """Each connection is answered as rasClientEventLoop does: one reply per newline-terminated
-    command, the status report streamed, then closed. ``reports`` are served in turn (the
-    last one again); ``json`` says whether SET FORMAT json is known (2.28.7+); ``mute``
-    accepts and never answers."""
-
-    def __init__(self, reports=(), json_ok=False, mute=False, hello=b"SERVER PROTOCOL 2\n"):
-        self.reports, self.json_ok, self.mute, self.hello = list(reports), json_ok, mute, hello
-        self.commands: list[str] = []
-        self.served = 0
-        super().__init__()
-
-    def answer(self, c: socket.socket) -> None:
-        if not self.mute:
-            threading.Thread(target=self._client, args=(c,), daemon=True).start()
-    def _client(self, c: socket.socket) -> None:
-        buf, fmt = b"", "text"
-        with c:
-            while True:
-                try:
-                    data = c.recv(4096)
-                except OSError:
-                    return
-                if not data:
-                    return
-                buf += data
-                while b"\n" in buf:
-                    cmd, _, buf = buf.partition(b"\n")
-                    cmd = cmd.decode().rstrip("\r")
-                    self.commands.append(cmd)
-                    low = cmd.lower()
-                    if low.startswith("client protocol "):
-                        c.sendall(self.hello)
-                    elif low.startswith("timeout "):
-                        c.sendall(b"OK\n")
-                    elif low.startswith("set format ") and self.json_ok:
-                        fmt = low.split()[-1]
-                        c.sendall(b"OK\n")
-                    elif low in ("status", "verbose status"):
-                        text = self.reports[min(self.served, len(self.reports) - 1)]
-                        self.served += 1
-                        body = text[fmt] if isinstance(text, dict) else text
-                        head, _, rest = body.partition("Communicators...")  # NCCL sends the banner first
-                        c.sendall(head.encode())
-                        c.sendall(("Communicators..." + rest).encode() if rest else b"")
-                        return  # RAS closes once the report is out
-                    else:
-                        c.sendall(f"ERROR: Unknown command {cmd}\n".encode())
-
-
 @pytest.fixture
 def servers():
     made: list[RasServer] = []

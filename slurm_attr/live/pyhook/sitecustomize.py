@@ -2,7 +2,7 @@
 
 The SPANK plugin puts this directory first on PYTHONPATH, and sets
 TORCH_WORKER_SERVER_SOCKET to a per-rank path in the job's evidence dir, only where the
-site opted in (plugstack ``worker_server=``). Python imports ``sitecustomize`` at start;
+site opted in (plugstack ``worker_hook=``, and ``live_partitions=`` when set). Python imports ``sitecustomize`` at start;
 this one imports nothing heavy: it waits for the program itself to import
 ``torch.distributed`` (a process that never uses torch never loads it), then starts
 ``torch._C._distributed_c10d._WorkerServer(path)`` so the node's live watcher can ask the

@@ -1,0 +1,282 @@
+"""The live watch as a site runs it: the installed SPANK plugin starts the watchers.
+
+The test cluster's plugstack.conf sets ``live_watcher=`` (a wrapper around
+epilog/live_watch.sh), ``worker_hook=`` (the installed slurm_attr/live/pyhook) and
+``live_partitions=live``: only jobs in partition ``live`` get them, so the other tests' jobs
+run as on a site without live watch (and test_live*.py keep their own in-test watchers).
+Here nothing of the watch runs in the test: local task 0 of each step on each node starts
+that node's watcher as root from slurmstepd; the step's first node leads. The test reads
+what they wrote (the findings file in the spool, ``sattr live``) and what Slurm says.
+
+The probe harness runs as a real 2-node step: ``srun -N2`` starts one harness process per
+node (``--node-index``), each playing its node's 4 ranks through the installed probe library
+into that node's own evidence dir; the processes share their ring state in /dev/shm (the
+pretend nodes share this machine). NCCL's RAS is played by a small TCP server speaking its
+line protocol (tests/unit/unix_servers.py) with a report rebuilt for this job: NVIDIA's
+published straggler report with the harness's communicator hash and victim.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from slurm_attr import config as config_mod
+from slurm_attr.live import findings
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[2]
+HARNESS = REPO / "spank" / "build" / "tests" / "probe_harness"
+sys.path.insert(0, str(REPO / "tests" / "unit"))
+from unix_servers import RasServer  # noqa: E402  (the unit tests' RAS stand-in)
+
+WORLD_HASH = "9e3779b97f4a7c15"  # probe_harness.h WORLD_HASH: the harness's world communicator
+HANG_AFTER_S = 5.0  # the test cluster's [live] hang_after_s (cluster/testcluster.sh)
+
+
+def _ras_report(victim: int, seq: int) -> str:
+    """NCCL 2.30.7's published straggler report (tests/fixtures/ras), about this job: its world
+    communicator, 7 ranks launched up to the injected AllReduce, the victim one behind."""
+    text = (REPO / "tests" / "fixtures" / "ras" / "straggler_2.30.7.txt").read_text()
+    for old, new in (("78db921d1c117b4a", WORLD_HASH),
+                     ("7 ranks have launched up to operation 64", f"7 ranks have launched up to operation {seq}"),
+                     ("Rank 7 has launched up to operation 60", f"Rank {victim} has launched up to operation {seq - 1}")):
+        assert old in text, old
+        text = text.replace(old, new)
+    return text
+
+
+def _harness_job(cluster, scenario: str, hang_ms: int = 0, ops: int = 400, before: str = "",
+                 opts: tuple[str, ...] = ()) -> str:
+    """``before``: shell run in each node's task before the harness starts (as the job's user)."""
+    if not HARNESS.exists():
+        pytest.fail(f"{HARNESS} missing: run `make -C spank test` first")
+    shm = "/dev/shm/sattr-harness-$SLURM_JOB_ID"
+    script = f"""#!/bin/bash
+#SBATCH -N2 -p live -t 5
+rm -f {shm}
+# one harness process per node, its 4 ranks writing through the probe the plugin set up
+srun -N2 --ntasks-per-node=1 bash -c '{before}
+exec {HARNESS} run --plugin "$(echo "$LD_LIBRARY_PATH" | cut -d: -f1)/$NCCL_PROFILER_PLUGIN" --shm {shm} --node-index $SLURM_NODEID --scenario {scenario} --ops {ops} --inject 300 --per-node 4 --hang-ms {hang_ms}'
+rc=$?
+rm -f {shm}
+exit $rc
+"""
+    return cluster.sbatch(script, *opts)
+
+
+def _watchers(job: str) -> dict[str, int]:
+    """nodeid -> pid of the plugin-started watchers of the job's step 0."""
+    out = subprocess.run(["pgrep", "-af", f"slurm_attr.live watch --job {job} --step 0 "],
+                         capture_output=True, text=True).stdout
+    return {ln.split("--nodeid ")[1].split()[0]: int(ln.split()[0]) for ln in out.splitlines() if "--nodeid " in ln}
+
+
+def _wait_finding(cluster, job: str, want, timeout: float = 120) -> dict | None:
+    spool = config_mod.load(str(cluster.config_path)).paths.spool
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        doc = findings.load(spool, job) or {}
+        f = next((f for f in doc.get("findings", []) if want(f)), None)
+        if f is not None:
+            return f
+        time.sleep(0.3)
+    return None
+
+
+def _latency(f: dict) -> float:
+    return f["detected_ns"] / 1e9 - datetime.fromisoformat(f["waiting_since"]).timestamp()
+
+
+def test_plugin_watchers_cancel_a_hang_the_probe_and_ras_agree_on(cluster):
+    """nonentry: rank 3 (node 0) never launches AllReduce #300. The plugin's watchers find H1,
+    the leader asks RAS, which names the world communicator frozen, and scancels the job."""
+    ras = RasServer([_ras_report(3, 300)])
+    try:
+        with cluster.settings(live={"on_hang": "cancel", "ras_addr": f"127.0.0.1:{ras.port}"}):
+            job = _harness_job(cluster, "nonentry", hang_ms=60000)
+            try:
+                host, nodes = cluster.job_nodes(job, timeout=90)
+                f = _wait_finding(cluster, job, lambda f: isinstance(f.get("cancel"), dict))
+                state = cluster.wait_state(job, timeout=120)
+            finally:
+                cluster.run(["scancel", job], check=False)
+    finally:
+        ras.close()
+    assert f is not None, f"no settled finding for job {job}: {findings.load(config_mod.load(str(cluster.config_path)).paths.spool, job)}"
+    assert (f["class"], f["ranks"], f["nodes"], f["step"]) == ("H1", [3], [nodes[0]], "0"), f
+    c = f["cancel"]
+    assert c["done"] is True and c["sources"] == ["probe", "ras"], c
+    assert c["why"].startswith(f"NCCL RAS 2.30.7: communicator {WORLD_HASH} MISMATCH"), c
+    assert ras.served == 2, ras.commands  # op counts only: RAS is asked twice (frozen, not moving)
+    assert state == "CANCELLED", state
+    out = cluster.sattr("live", job, check=True).stdout
+    assert "never entered AllReduce #300" in out and "  cancelled: NCCL RAS" in out, out
+    end = cluster.sacct(job, "End")["End"]
+    print(f"\nplugin watchers, nonentry: H1 rank 3 on {nodes[0]} {_latency(f):.2f} s after the stall "
+          f"(hang_after_s = {HANG_AFTER_S}); cancelled (probe + RAS), job end {end}; "
+          f"{c.get('gpu_minutes_saved')} GPU-minutes saved on this GPU-less cluster")
+
+
+def test_plugin_watchers_withhold_the_cancel_on_the_probe_alone(cluster):
+    """linkstall: rank 3's sends to rank 4 never complete (H3, both nodes). No RAS answers and
+    the harness serves no Flight Recorder: one source, so the job is not cancelled; it ends
+    when the harness gives up (its ranks SIGKILLed, the batch script exits 0)."""
+    with cluster.settings(live={"on_hang": "cancel", "ras_addr": "127.0.0.1:9"}):  # discard: refused
+        job = _harness_job(cluster, "linkstall", hang_ms=20000)
+        try:
+            host, nodes = cluster.job_nodes(job, timeout=90)
+            f = _wait_finding(cluster, job, lambda f: isinstance(f.get("cancel"), dict))
+            state = cluster.wait_state(job, timeout=120)
+        finally:
+            cluster.run(["scancel", job], check=False)
+    assert f is not None, f"no settled finding for job {job}"
+    assert (f["class"], f["ranks"], f["nodes"]) == ("H3", [3, 4], nodes), f
+    c = f["cancel"]
+    assert c["done"] is False and c["why"].startswith("withheld: one source only"), c
+    assert "connection refused" in str(c.get("ras")), c
+    assert state == "COMPLETED", state
+    out = cluster.sattr("live", job, check=True).stdout
+    assert "  not cancelled: withheld" in out, out
+    print(f"\nplugin watchers, linkstall: H3 3 -> 4 {_latency(f):.2f} s after the stall; cancel withheld "
+          f"(probe alone; RAS: {c.get('ras')})")
+
+
+@pytest.mark.torch
+def test_plugin_worker_hook_and_watchers_name_the_sleeping_ranks_line(cluster):
+    """A 2-node Gloo torch job in partition live: the plugin sets each rank's worker-server
+    socket and start-up hook (worker_hook=), its watchers poll the ranks' Flight Recorder,
+    find rank 1 never entering the all_reduce, and pull every rank's stack. An FR-only
+    finding never cancels (the probe saw nothing)."""
+    if subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode != 0:
+        pytest.fail("torch is not installed: `pip install torch==2.13.0` (the CPU wheel on disk)")
+    train = Path(cluster.workdir()) / f"hang-{time.time_ns()}.py"
+    train.write_text(TRAIN)
+    script = f"""#!/bin/bash
+#SBATCH -N2 -n2 -p live -t 5
+export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))
+srun {sys.executable} {train}
+"""
+    with cluster.settings(live={"on_hang": "cancel", "ras_addr": "127.0.0.1:9"}):
+        job = cluster.sbatch(script)
+        try:
+            host, nodes = cluster.job_nodes(job, timeout=90)
+            f = _wait_finding(cluster, job, lambda f: bool(f.get("stacks")), timeout=240)
+            running = cluster.is_running(job)
+        finally:
+            cluster.run(["scancel", job], check=False)
+            cluster.wait_state(job)
+    assert f is not None, f"no finding with stacks for job {job}"
+    assert (f["class"], f["ranks"], f["nodes"], f["source"]) == ("H1", [1], [nodes[1]], "fr"), f
+    at = {s["rank"]: s["at"] for s in f["stacks"]}
+    assert at == {0: f"{train}:{_line('WAITS HERE')} in <module>",
+                  1: f"{train}:{_line('SLEEPS HERE')} in <module>"}, f["stacks"]
+    assert f["cancel"]["done"] is False and running, f["cancel"]
+    print(f"\nplugin watchers + worker hook, Gloo: H1 rank 1 {_latency(f):.2f} s after the last FR change; "
+          f"stacks of {len(at)} ranks {f['dumps']['latency_s']} s after the request")
+
+
+TRAIN = """import os, sys, time
+from datetime import timedelta
+import torch, torch.distributed as dist
+rank, world = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
+assert os.environ.get("TORCH_WORKER_SERVER_SOCKET", "").endswith("/ws/rank_%d.sock" % rank)  # the plugin's
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%s" % os.environ["MASTER_PORT"], rank=rank,
+                        world_size=world, timeout=timedelta(seconds=900))
+t = torch.ones(8)
+for _ in range(5):
+    dist.all_reduce(t)
+print("rank", rank, "ready", flush=True)
+if rank == 1:
+    time.sleep(900)  # SLEEPS HERE
+dist.all_reduce(t)  # WAITS HERE
+"""
+
+
+def _line(marker: str) -> int:
+    return next(i for i, ln in enumerate(TRAIN.splitlines(), 1) if marker in ln)
+
+
+# ---- the watcher never changes the job's result ----------------------------------------------
+GARBAGE = ('d=$SLURM_ATTR_PROBE_DIR; head -c 65536 /dev/urandom > $d/rank90.pid1.probe; '
+           'ln -s /etc/shadow $d/rank91.pid2.probe; mkfifo $d/rank92.pid3.probe; '
+           'truncate -s 8G $d/rank93.pid4.probe; head -c 4096 /dev/zero > $d/rank94.pid5.probe;')
+
+
+def test_hostile_records_and_killed_watchers_leave_the_job_as_it_was(cluster):
+    """A healthy 2-node job whose ranks also leave garbage in their probe dirs (random bytes,
+    a symlink to /etc/shadow, a FIFO, an 8 GiB sparse file, zeros): the plugin's watchers read
+    past it (their summaries say so) and find nothing; then both are killed mid-run (SIGKILL,
+    SIGTERM). The job completes as it would without them."""
+    job = _harness_job(cluster, "healthy", ops=1000, before=GARBAGE)
+    spool = Path(config_mod.load(str(cluster.config_path)).paths.spool)
+    try:
+        host, nodes = cluster.job_nodes(job, timeout=90)
+        deadline = time.monotonic() + 60
+        problems: list[str] = []
+        while time.monotonic() < deadline and not problems:
+            try:
+                s = json.loads((spool / "live" / job / "summary" / "0" / f"{nodes[1]}.json").read_text())
+                problems = s.get("problems") or []
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.3)
+        pids = _watchers(job)
+        assert sorted(pids) == ["0", "1"], pids
+        os.kill(pids["1"], signal.SIGKILL)
+        os.kill(pids["0"], signal.SIGTERM)
+        state = cluster.wait_state(job, timeout=150)
+    finally:
+        cluster.run(["scancel", job], check=False)
+    text = " | ".join(problems)
+    for name, why in (("rank91.pid2.probe", "not a regular file"), ("rank92.pid3.probe", "not a regular file")):
+        assert f"{name}: {why}" in text, text
+    assert "rank90.pid1.probe" in text and "rank93.pid4.probe" in text and "rank94.pid5.probe" in text, text
+    assert (state, cluster.sacct(job, "ExitCode")["ExitCode"]) == ("COMPLETED", "0:0")
+    doc = findings.load(str(spool), job) or {}
+    assert [f for f in doc.get("findings", []) if f.get("kind") != "slow"] == [], doc
+    print(f"\nhostile records: the watchers' summaries listed {len(problems)} problem(s); both watchers "
+          f"killed; job {job} {state}")
+
+
+def test_a_full_spool_leaves_the_job_as_it_was(cluster):
+    """The live spool of the job is a full 64 KiB tmpfs, in the mount namespaces of every
+    slurmd (where the watchers run): every summary and finding write fails with ENOSPC. The
+    job completes as it would without the watch."""
+    job = _harness_job(cluster, "healthy", ops=1000, opts=("-H",))
+    live = Path(config_mod.load(str(cluster.config_path)).paths.spool) / "live" / job
+    live.mkdir(parents=True, exist_ok=True)
+    slurmds = [int(p.read_text()) for p in sorted((cluster.base / "run").glob("slurmd-*.pid"))]
+    assert slurmds
+    mounted = []
+    try:
+        for pid in slurmds:
+            ns = ["nsenter", "-t", str(pid), "-m", "--"]
+            subprocess.run(ns + ["mount", "-t", "tmpfs", "-o", "size=64k,mode=0755", "sattr-full", str(live)],
+                           check=True)
+            mounted.append(ns)
+            # fill it (dd stops at ENOSPC)
+            subprocess.run(ns + ["sh", "-c", f"dd if=/dev/zero of={live}/fill bs=4k 2>/dev/null; true"], check=True)
+        cluster.run(["scontrol", "release", job])
+        cluster.job_nodes(job, timeout=90)
+        deadline = time.monotonic() + 60
+        while len(_watchers(job)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(_watchers(job)) == 2  # they run, and cannot write a byte
+        state = cluster.wait_state(job, timeout=150)
+        df = subprocess.run(mounted[0] + ["df", "--output=avail", str(live)], capture_output=True, text=True).stdout
+    finally:
+        cluster.run(["scancel", job], check=False)
+        for ns in mounted:
+            subprocess.run(ns + ["umount", "-l", str(live)], check=False)
+    assert (state, cluster.sacct(job, "ExitCode")["ExitCode"]) == ("COMPLETED", "0:0")
+    assert df.split()[-1] == "0", df
+    print(f"\nfull spool: job {job} {state} with both watchers unable to write")

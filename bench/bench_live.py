@@ -3,6 +3,7 @@ watcher's CPU per node at 8 ranks, each against a named peer measured in the sam
 
     python3 bench/bench_live.py [--ranks 4096] [--per-node 8] [--runs 5] [--cycles 200] [--dir DIR]
         [--slow-runs N [--slow-scenario slowphase,straggler,healthy] [--phase-delay-us 30000]]
+    python3 bench/bench_live.py --cluster-runs N [--scenario nonentry,count,linkstall] [--hang-ms 8000]
 
 1. Aggregation: --ranks synthetic records (bench_probe.make_records: three communicators per
    rank, realistic counters) in one evidence dir per node; every node's watcher writes its
@@ -27,7 +28,10 @@ watcher's CPU per node at 8 ranks, each against a named peer measured in the sam
    over N runs per scenario (comma-separated --scenario), printed against hang_after_s (the
    floor: the stall must last that long) and against PyTorch's NCCL watchdog (600 s by
    default), with the runs whose hang class was not the injected one counted.
-5. With --slow-runs N: the harness plays an 8-rank job that COMPLETES, only slower, per
+5. With --cluster-runs N (and nothing else): the stalls of 4 as real 2-node jobs on the
+   test cluster (`eval $(bash cluster/testcluster.sh env)`), partition live, where the
+   installed plugin starts the watchers; N jobs per --scenario, p50/p99 as in 4.
+6. With --slow-runs N: the harness plays an 8-rank job that COMPLETES, only slower, per
    --slow-scenario (comma-separated; default slowphase,straggler,healthy) with two watchers
    beside it as in 4, until it ends: per run the slow findings that came (class, ranks), and
    for slowphase (every rank pauses --phase-delay-us before each collective from collective
@@ -129,21 +133,67 @@ def latency(runs: int, scenarios: str, hang_after: float, root: str) -> None:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
             found = [f for f in found if not f.get("behind")]  # the cause, not a cascade behind it
-            if found:
-                f = found[0]
-                lat.append(f["detected_ns"] / 1e9 - datetime.fromisoformat(f["waiting_since"]).timestamp())
-                ok = f["class"] == EXPECTED.get(scenario, f["class"])
-                wrong += not ok
-                print(f"  {scenario} run {i}: {f['class']}{'' if ok else ' (WRONG CLASS)'} ranks {f['ranks']} "
-                      f"after {lat[-1]:.2f} s", flush=True)
-            else:
-                print(f"  {scenario} run {i}: no finding", flush=True)
-        if lat:
-            p50, p99 = statistics.median(lat), _pct(lat, 0.99)
-            print(f"detection latency ({scenario}, {len(lat)} of {runs} runs found, {wrong} misclassified): "
-                  f"p50 {p50:.2f} s, p99 {p99:.2f} s, max {max(lat):.2f} s; against hang_after_s = {hang_after} "
-                  f"(interval_s 0.5): p50 {p50 - hang_after:+.2f} s beyond it; PyTorch's watchdog ({WATCHDOG_S:.0f} s) "
-                  f"/ p99 = {WATCHDOG_S / p99:.0f}x", flush=True)
+            wrong += _one_run(f"{scenario} run {i}", scenario, found[0] if found else None, lat)
+        _latency_line(f"{scenario}, {len(lat)} of {runs} runs found, {wrong} misclassified", lat, hang_after, 0.5)
+
+
+def _one_run(what: str, scenario: str, f: dict | None, lat: list[float]) -> int:
+    """Print one run's finding, add its latency to lat; 1 when its class is not the injected one."""
+    if f is None:
+        print(f"  {what}: no finding", flush=True)
+        return 0
+    lat.append(f["detected_ns"] / 1e9 - datetime.fromisoformat(f["waiting_since"]).timestamp())
+    ok = f["class"] == EXPECTED.get(scenario, f["class"])
+    print(f"  {what}: {f['class']}{'' if ok else ' (WRONG CLASS)'} ranks {f['ranks']} nodes {f.get('nodes')} "
+          f"after {lat[-1]:.2f} s", flush=True)
+    return int(not ok)
+
+
+def _latency_line(what: str, lat: list[float], hang_after: float, interval: float) -> None:
+    if not lat:
+        return
+    p50, p99 = statistics.median(lat), _pct(lat, 0.99)
+    print(f"detection latency ({what}): p50 {p50:.2f} s, p99 {p99:.2f} s, max {max(lat):.2f} s; against "
+          f"hang_after_s = {hang_after} (interval_s {interval}): p50 {p50 - hang_after:+.2f} s beyond it; "
+          f"PyTorch's watchdog ({WATCHDOG_S:.0f} s) / p99 = {WATCHDOG_S / p99:.0f}x", flush=True)
+
+
+def cluster_latency(runs: int, scenarios: str, hang_ms: int) -> None:
+    """The same stalls as a real 2-node job on the test cluster (`eval $(bash
+    cluster/testcluster.sh env)` first): partition live, where the installed plugin starts
+    the watchers (one harness process per node; the cluster's own [live] settings). Latency
+    = the finding's time - the stall's last recorded event, read from the leader's findings."""
+    from slurm_attr import config as config_mod
+    from slurm_attr.live import findings
+
+    cfg = config_mod.load(os.environ.get("SLURM_ATTR_CONFIG"))
+    harness = os.path.join(REPO, "spank", "build", "tests", "probe_harness")
+    shm = "/dev/shm/sattr-bench-$SLURM_JOB_ID"
+    work = tempfile.mkdtemp(prefix="sattr-bench-")
+    for scenario in scenarios.split(","):
+        lat, wrong = [], 0
+        for i in range(runs):
+            script = os.path.join(work, f"{scenario}-{i}.sh")
+            with open(script, "w") as f:
+                f.write(f"#!/bin/bash\n#SBATCH -N2 -p live -t 5 -o /dev/null\nrm -f {shm}\n"
+                        f"srun -N2 --ntasks-per-node=1 bash -c 'exec {harness} run --plugin "
+                        f"\"$(echo \"$LD_LIBRARY_PATH\" | cut -d: -f1)/$NCCL_PROFILER_PLUGIN\" --shm {shm} "
+                        f"--node-index $SLURM_NODEID --scenario {scenario} --ops 400 --inject 300 --per-node 4 "
+                        f"--hang-ms {hang_ms}'\nrm -f {shm}\n")
+            job = subprocess.run(["sbatch", "--parsable", script], capture_output=True, text=True,
+                                 check=True, cwd=work).stdout.strip().split(";")[0]
+            found, t0 = None, time.monotonic()
+            while found is None and time.monotonic() - t0 < 180:
+                doc = findings.load(cfg.paths.spool, job) or {}
+                found = next((f for f in doc.get("findings", [])
+                              if f.get("kind") != "slow" and not f.get("behind") and "world" in str(f.get("label"))), None)
+                time.sleep(0.2)
+            subprocess.run(["scancel", job], capture_output=True)
+            while subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout.strip():
+                time.sleep(0.5)  # the next run gets idle nodes
+            wrong += _one_run(f"{scenario} job {job}", scenario, found, lat)
+        _latency_line(f"on the cluster, plugin-started watchers; {scenario}, {len(lat)} of {runs} jobs found, "
+                      f"{wrong} misclassified", lat, cfg.live.hang_after_s, cfg.live.interval_s)
 
 
 WORLD = 0x9e3779b97f4a7c15  # the harness's world communicator (probe_harness.h WORLD_HASH)
@@ -327,7 +377,12 @@ def main() -> int:
     ap.add_argument("--slow-ops", type=int, default=400)
     ap.add_argument("--slow-inject", type=int, default=300)
     ap.add_argument("--phase-delay-us", type=int, default=30000)
+    ap.add_argument("--cluster-runs", type=int, default=0, help="jobs per --scenario on the test cluster, then stop")
+    ap.add_argument("--hang-ms", type=int, default=8000, help="--cluster-runs: how long a hung job stays")
     a = ap.parse_args()
+    if a.cluster_runs:
+        cluster_latency(a.cluster_runs, a.scenario, a.hang_ms)
+        return 0
     if a.slow_runs:
         with tempfile.TemporaryDirectory(dir=a.dir) as root:
             slow_runs(a.slow_runs, a.slow_scenario, a.slow_ops, a.slow_inject, a.phase_delay_us, root)

@@ -149,7 +149,7 @@ run() {
     # SATTR_VERSIONS_PYTEST narrows the run to some tests (no C tests, no demo) while debugging one.
     local tests=${SATTR_VERSIONS_PYTEST:-"tests/integration -m 'cluster and not torch'"} demo="env SATTR_DEMO_FR=0 bash cluster/demo.sh"
     local native="make -s -C spank all test"
-    [ -z "${SATTR_VERSIONS_PYTEST:-}" ] || { demo=:; native="make -s -C spank all"; }
+    [ -z "${SATTR_VERSIONS_PYTEST:-}" ] || { demo=:; native="make -s -C spank all probe-harness"; }
     local inner="set -e; cd /src
         # Stopped, not killed with the namespace: no job is left in slurmctld's saved state.
         trap 'bash cluster/testcluster.sh down >/dev/null 2>&1' EXIT

@@ -259,7 +259,7 @@ def test_a_full_spool_leaves_the_job_as_it_was(cluster):
     mounted = []
     try:
         for pid in slurmds:
-            ns = ["nsenter", "-t", str(pid), "-m", "--"]
+            ns = ["nsenter", "-t", str(pid), "-m", "-r", "--"]  # -r: its root (a chroot in the versions roots)
             subprocess.run(ns + ["mount", "-t", "tmpfs", "-o", "size=64k,mode=0755", "sattr-full", str(live)],
                            check=True)
             mounted.append(ns)

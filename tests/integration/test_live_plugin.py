@@ -205,6 +205,28 @@ def _line(marker: str) -> int:
     return next(i for i, ln in enumerate(TRAIN.splitlines(), 1) if marker in ln)
 
 
+def test_a_job_outside_the_live_partitions_gets_no_watcher(cluster):
+    """The near miss of live_partitions=live: the same job in partition debug runs with the
+    probe on and no watcher (nothing started, nothing in the live spool)."""
+    job = _harness_job(cluster, "healthy", ops=700, opts=("-p", "debug"))
+    spool = Path(config_mod.load(str(cluster.config_path)).paths.spool)
+    try:
+        host, nodes = cluster.job_nodes(job, timeout=90)
+        probe = cluster.base / "nodes" / nodes[1] / "evidence" / job / "probe"
+        deadline = time.monotonic() + 60
+        while not list(probe.glob("rank*.probe")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        records = sorted(p.name.split(".")[0] for p in probe.glob("rank*.probe"))
+        time.sleep(2)  # a watcher would have written its first summary by now (interval_s 0.5)
+        pids = _watchers(job)
+        state = cluster.wait_state(job, timeout=150)
+    finally:
+        cluster.run(["scancel", job], check=False)
+    assert records == ["rank4", "rank5", "rank6", "rank7"], records  # the job ran, its probe on
+    assert pids == {} and not (spool / "live" / job).exists()
+    assert state == "COMPLETED", state
+
+
 # ---- the watcher never changes the job's result ----------------------------------------------
 GARBAGE = ('d=$SLURM_ATTR_PROBE_DIR; head -c 65536 /dev/urandom > $d/rank90.pid1.probe; '
            'ln -s /etc/shadow $d/rank91.pid2.probe; mkfifo $d/rank92.pid3.probe; '
@@ -216,7 +238,7 @@ def test_hostile_records_and_killed_watchers_leave_the_job_as_it_was(cluster):
     a symlink to /etc/shadow, a FIFO, an 8 GiB sparse file, zeros): the plugin's watchers read
     past it (their summaries say so) and find nothing; then both are killed mid-run (SIGKILL,
     SIGTERM). The job completes as it would without them."""
-    job = _harness_job(cluster, "healthy", ops=1000, before=GARBAGE)
+    job = _harness_job(cluster, "healthy", ops=700, before=GARBAGE)
     spool = Path(config_mod.load(str(cluster.config_path)).paths.spool)
     try:
         host, nodes = cluster.job_nodes(job, timeout=90)
@@ -251,7 +273,7 @@ def test_a_full_spool_leaves_the_job_as_it_was(cluster):
     """The live spool of the job is a full 64 KiB tmpfs, in the mount namespaces of every
     slurmd (where the watchers run): every summary and finding write fails with ENOSPC. The
     job completes as it would without the watch."""
-    job = _harness_job(cluster, "healthy", ops=1000, opts=("-H",))
+    job = _harness_job(cluster, "healthy", ops=700, opts=("-H",))
     live = Path(config_mod.load(str(cluster.config_path)).paths.spool) / "live" / job
     live.mkdir(parents=True, exist_ok=True)
     slurmds = [int(p.read_text()) for p in sorted((cluster.base / "run").glob("slurmd-*.pid"))]

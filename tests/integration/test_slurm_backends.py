@@ -51,10 +51,17 @@ def failed_job(cluster, node: str = "n3") -> str:
     assert cluster.wait_state(job) == "FAILED"
     # The state reaches accounting before the derived exit code (the steps' highest), which
     # slurmdbd fills in a moment later: a backend that reads in between sees 0:0 (24.11 under
-    # load). The backends are compared on the settled record.
+    # load). So can the partition: beside stress-ng on 22.05 one read gave Partition "" and the
+    # next "debug", with the state and exit codes already final. The backends are compared on
+    # the settled record.
     cli = CliSlurm(slurm_conf=cluster.env["SLURM_CONF"])
     deadline = time.monotonic() + 60
-    while (cli.sacct_job(job) or {}).get("DerivedExitCode") != "3:0" and time.monotonic() < deadline:
+
+    def settled() -> bool:
+        row = cli.sacct_job(job) or {}
+        return row.get("DerivedExitCode") == "3:0" and bool(row.get("Partition"))
+
+    while not settled() and time.monotonic() < deadline:
         time.sleep(0.2)
     return job
 

@@ -122,6 +122,7 @@ struct rank_rec {
     struct sattr_hdr *hdr;
     size_t size;
     struct sattr_slot *merged; /* each used slot with its pool lanes added (find_slot) */
+    char node_dir[64];         /* the nodes/<dir> it was found in */
 };
 void merge_lanes(const struct sattr_hdr *h, size_t size, unsigned idx, struct sattr_slot *out);
 int load_records(const char *out, struct rank_rec *recs, int nrecs);

@@ -89,6 +89,8 @@ int load_records(const char *out, struct rank_rec *recs, int nrecs)
             recs[h->global_rank].hdr = h;
             recs[h->global_rank].size = size;
             recs[h->global_rank].merged = calloc(SATTR_PROBE_NSLOTS, sizeof(struct sattr_slot));
+            snprintf(recs[h->global_rank].node_dir, sizeof(recs[h->global_rank].node_dir), "%.63s",
+                     nd->d_name);
             found++;
         }
         closedir(probe);
@@ -316,35 +318,18 @@ void check_scenario(struct tally *t, const struct job_opts *o)
  * forks a node's ranks only, and without --out keeps the job's env). */
 void check_identity(struct tally *t, const struct job_opts *o, uint64_t job_id)
 {
-    int found = 0, ok = 1;
-    for (int i = 0; i < o->ranks / o->per_node; i++) {
-        char path[4096], want[32];
-        struct dirent *fe;
-        DIR *d;
-        snprintf(want, sizeof(want), "node%d", i);
-        snprintf(path, sizeof(path), "%s/nodes/%s/probe", o->out, want);
-        if ((d = opendir(path)) == NULL) {
-            ok = 0;
-            continue;
-        }
-        while ((fe = readdir(d)) != NULL) {
-            size_t size = 0;
-            struct sattr_hdr *h;
-            if (strstr(fe->d_name, ".probe") == NULL)
-                continue;
-            snprintf(path, sizeof(path), "%s/nodes/%s/probe/%s", o->out, want, fe->d_name);
-            h = map_file(path, &size);
-            found++;
-            ok &= h != NULL && h->global_rank >= 0 && h->global_rank < o->ranks &&
-                  node_of(o, h->global_rank) == i && h->slurm_procid == h->global_rank &&
-                  h->local_rank == h->global_rank % o->per_node && h->world_size == o->ranks &&
-                  h->job_id == job_id && h->step_id == 0 &&
-                  strncmp(h->node_name, want, sizeof(h->node_name)) == 0;
-            if (h)
-                munmap(h, size);
-        }
-        closedir(d);
+    struct rank_rec recs[64];
+    int found = load_records(o->out, recs, 64), ok = 1;
+    for (int r = 0; r < o->ranks && found == o->ranks; r++) {
+        const struct sattr_hdr *h = recs[r].hdr;
+        char want[32];
+        snprintf(want, sizeof(want), "node%d", node_of(o, r));
+        ok &= h != NULL && strcmp(recs[r].node_dir, want) == 0 && h->slurm_procid == r &&
+              h->local_rank == r % o->per_node && h->world_size == o->ranks &&
+              h->job_id == job_id && h->step_id == 0 &&
+              strncmp(h->node_name, want, sizeof(h->node_name)) == 0;
     }
+    free_records(recs, 64);
     check(t, ok && found == o->ranks,
           "%s: each of %d records in its node's dir, with its rank's identity in job %llu",
           scenario_names[o->sc], found, (unsigned long long)job_id);

@@ -11,13 +11,13 @@ limit and its verdict says where the ranks were. Latencies are printed, not asse
 """
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from gloo_hang import line, write_train
 from slurm_attr import config as config_mod
 from slurm_attr.live import findings
 from slurm_attr.live.prekill import show_job
@@ -28,31 +28,8 @@ pytestmark = [pytest.mark.cluster, pytest.mark.torch]
 
 REPO = Path(__file__).resolve().parents[2]
 HOOK = REPO / "slurm_attr" / "live" / "pyhook"
-TRAIN = """import os, sys, time
-from datetime import timedelta
-import torch, torch.distributed as dist
-rank, world = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
-dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%s" % os.environ["MASTER_PORT"], rank=rank,
-                        world_size=world, timeout=timedelta(seconds=900))
-t = torch.ones(8)
-for _ in range(5):
-    dist.all_reduce(t)
-print("rank", rank, "ready", flush=True)
-if rank == 1:
-    time.sleep(900)  # SLEEPS HERE
-dist.all_reduce(t)  # WAITS HERE
-"""
-
-
-def _line(marker: str) -> int:
-    return next(i for i, ln in enumerate(TRAIN.splitlines(), 1) if marker in ln)
-
-
 def _job(cluster, limit_min: int) -> tuple[str, Path]:
-    if subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode != 0:
-        pytest.fail("torch is not installed: `pip install torch==2.13.0` (the CPU wheel on disk)")
-    train = Path(cluster.workdir()) / f"hang-{time.time_ns()}.py"
-    train.write_text(TRAIN)
+    train = write_train(cluster)
     script = f"""#!/bin/bash
 #SBATCH -N2 -n2 -t {limit_min}
 export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))
@@ -88,7 +65,7 @@ def _cycle_until(watchers, cond, timeout: float, interval: float = 0.5):
     return None
 
 
-def test_gloo_hang_finding_names_the_sleeping_ranks_line(cluster):
+def test_gloo_hang_finding_names_the_sleeping_ranksline(cluster):
     job, train = _job(cluster, 3)
     try:
         nodes = _nodes(cluster, job)
@@ -106,15 +83,15 @@ def test_gloo_hang_finding_names_the_sleeping_ranks_line(cluster):
         assert (f["class"], f["cause"], f["ranks"], f["nodes"], f["source"]) == \
             ("H1", "rank_stuck", [1], [nodes[1]], "fr")
         at = {s["rank"]: s["at"] for s in f["stacks"]}
-        assert at == {0: f"{train}:{_line('WAITS HERE')} in <module>",
-                      1: f"{train}:{_line('SLEEPS HERE')} in <module>"}, f["stacks"]
+        assert at == {0: f"{train}:{line('WAITS HERE')} in <module>",
+                      1: f"{train}:{line('SLEEPS HERE')} in <module>"}, f["stacks"]
         assert f["dumps"]["fr_ranks"] == [0, 1] and f["dumps"]["nodes_answered"] == 2
         spool = Path(cfg.paths.spool) / "live" / job / "dumps" / "0" / "nodes"
         assert sorted(p.name for p in spool.glob("*/fr/*")) == ["nccl_trace_rank_0.json", "nccl_trace_rank_1.json"]
         assert sorted(p.name for p in spool.glob("*/stacks/*")) == ["rank_0.txt", "rank_1.txt"]
         # users see it while the job runs
         out = cluster.sattr("live", job, check=True).stdout
-        assert f"rank 1 ({nodes[1]}) is at {train}:{_line('SLEEPS HERE')} in <module>" in out, out
+        assert f"rank 1 ({nodes[1]}) is at {train}:{line('SLEEPS HERE')} in <module>" in out, out
         assert cluster.run(["squeue", "-h", "-j", job, "-o", "%T"]).stdout.strip() == "RUNNING"
         from datetime import datetime
 
@@ -149,7 +126,7 @@ def test_time_limited_hang_is_dumped_before_the_limit(cluster):
     assert cluster.wait_state(job, timeout=240) == "TIMEOUT"
     v = cluster.verdict(job, timeout=180)
     st = [s for s in v["symptoms"] if s["id"] == "live.stacks"]
-    assert st and f"is at {train}:{_line('SLEEPS HERE')} in <module>" in st[0]["summary"], v["symptoms"]
+    assert st and f"is at {train}:{line('SLEEPS HERE')} in <module>" in st[0]["summary"], v["symptoms"]
     assert any("pre-kill Flight Recorder of 2 rank(s)" in (c.get("detail") or "") for c in v["coverage"]), v["coverage"]
     assert all(not s["trusted"] for s in v["symptoms"] if s["id"].startswith(("fr.", "live.")))
     print(f"verdict of the time-limited job: {v['cause']}: {v['summary']}")

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from gloo_hang import line, write_train
 from slurm_attr import config as config_mod
 from slurm_attr.live import findings
 
@@ -92,6 +93,20 @@ def _wait_finding(cluster, job: str, want, timeout: float = 120) -> dict | None:
     return None
 
 
+def _until_cancel_settled(cluster, scenario: str, hang_ms: int, ras_addr: str):
+    """A harness job with on_hang = cancel: (job, nodes, the finding once its cancel is settled
+    or None, the job's final state)."""
+    with cluster.settings(live={"on_hang": "cancel", "ras_addr": ras_addr}):
+        job = _harness_job(cluster, scenario, hang_ms=hang_ms)
+        try:
+            host, nodes = cluster.job_nodes(job, timeout=90)
+            f = _wait_finding(cluster, job, lambda f: isinstance(f.get("cancel"), dict))
+            state = cluster.wait_state(job, timeout=120)
+        finally:
+            cluster.run(["scancel", job], check=False)
+    return job, nodes, f, state
+
+
 def _latency(f: dict) -> float:
     return f["detected_ns"] / 1e9 - datetime.fromisoformat(f["waiting_since"]).timestamp()
 
@@ -101,14 +116,7 @@ def test_plugin_watchers_cancel_a_hang_the_probe_and_ras_agree_on(cluster):
     the leader asks RAS, which names the world communicator frozen, and scancels the job."""
     ras = RasServer([_ras_report(3, 300)])
     try:
-        with cluster.settings(live={"on_hang": "cancel", "ras_addr": f"127.0.0.1:{ras.port}"}):
-            job = _harness_job(cluster, "nonentry", hang_ms=60000)
-            try:
-                host, nodes = cluster.job_nodes(job, timeout=90)
-                f = _wait_finding(cluster, job, lambda f: isinstance(f.get("cancel"), dict))
-                state = cluster.wait_state(job, timeout=120)
-            finally:
-                cluster.run(["scancel", job], check=False)
+        job, nodes, f, state = _until_cancel_settled(cluster, "nonentry", 60000, f"127.0.0.1:{ras.port}")
     finally:
         ras.close()
     assert f is not None, f"no settled finding for job {job}: {findings.load(config_mod.load(str(cluster.config_path)).paths.spool, job)}"
@@ -130,14 +138,7 @@ def test_plugin_watchers_withhold_the_cancel_on_the_probe_alone(cluster):
     """linkstall: rank 3's sends to rank 4 never complete (H3, both nodes). No RAS answers and
     the harness serves no Flight Recorder: one source, so the job is not cancelled; it ends
     when the harness gives up (its ranks SIGKILLed, the batch script exits 0)."""
-    with cluster.settings(live={"on_hang": "cancel", "ras_addr": "127.0.0.1:9"}):  # discard: refused
-        job = _harness_job(cluster, "linkstall", hang_ms=20000)
-        try:
-            host, nodes = cluster.job_nodes(job, timeout=90)
-            f = _wait_finding(cluster, job, lambda f: isinstance(f.get("cancel"), dict))
-            state = cluster.wait_state(job, timeout=120)
-        finally:
-            cluster.run(["scancel", job], check=False)
+    job, nodes, f, state = _until_cancel_settled(cluster, "linkstall", 20000, "127.0.0.1:9")  # discard: refused
     assert f is not None, f"no settled finding for job {job}"
     assert (f["class"], f["ranks"], f["nodes"]) == ("H3", [3, 4], nodes), f
     c = f["cancel"]
@@ -151,15 +152,12 @@ def test_plugin_watchers_withhold_the_cancel_on_the_probe_alone(cluster):
 
 
 @pytest.mark.torch
-def test_plugin_worker_hook_and_watchers_name_the_sleeping_ranks_line(cluster):
+def test_plugin_worker_hook_and_watchers_name_the_sleeping_ranksline(cluster):
     """A 2-node Gloo torch job in partition live: the plugin sets each rank's worker-server
     socket and start-up hook (worker_hook=), its watchers poll the ranks' Flight Recorder,
     find rank 1 never entering the all_reduce, and pull every rank's stack. An FR-only
     finding never cancels (the probe saw nothing)."""
-    if subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode != 0:
-        pytest.fail("torch is not installed: `pip install torch==2.13.0` (the CPU wheel on disk)")
-    train = Path(cluster.workdir()) / f"hang-{time.time_ns()}.py"
-    train.write_text(TRAIN)
+    train = write_train(cluster)
     script = f"""#!/bin/bash
 #SBATCH -N2 -n2 -p live -t 5
 export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))
@@ -177,32 +175,11 @@ srun {sys.executable} {train}
     assert f is not None, f"no finding with stacks for job {job}"
     assert (f["class"], f["ranks"], f["nodes"], f["source"]) == ("H1", [1], [nodes[1]], "fr"), f
     at = {s["rank"]: s["at"] for s in f["stacks"]}
-    assert at == {0: f"{train}:{_line('WAITS HERE')} in <module>",
-                  1: f"{train}:{_line('SLEEPS HERE')} in <module>"}, f["stacks"]
+    assert at == {0: f"{train}:{line('WAITS HERE')} in <module>",
+                  1: f"{train}:{line('SLEEPS HERE')} in <module>"}, f["stacks"]
     assert f["cancel"]["done"] is False and running, f["cancel"]
     print(f"\nplugin watchers + worker hook, Gloo: H1 rank 1 {_latency(f):.2f} s after the last FR change; "
           f"stacks of {len(at)} ranks {f['dumps']['latency_s']} s after the request")
-
-
-TRAIN = """import os, sys, time
-from datetime import timedelta
-import torch, torch.distributed as dist
-rank, world = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
-assert os.environ.get("TORCH_WORKER_SERVER_SOCKET", "").endswith("/ws/rank_%d.sock" % rank)  # the plugin's
-dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%s" % os.environ["MASTER_PORT"], rank=rank,
-                        world_size=world, timeout=timedelta(seconds=900))
-t = torch.ones(8)
-for _ in range(5):
-    dist.all_reduce(t)
-print("rank", rank, "ready", flush=True)
-if rank == 1:
-    time.sleep(900)  # SLEEPS HERE
-dist.all_reduce(t)  # WAITS HERE
-"""
-
-
-def _line(marker: str) -> int:
-    return next(i for i, ln in enumerate(TRAIN.splitlines(), 1) if marker in ln)
 
 
 def test_a_job_outside_the_live_partitions_gets_no_watcher(cluster):

@@ -111,10 +111,14 @@ int run_job(const struct job_opts *o); /* 0 when the scenario played out as plan
 int node_of(const struct job_opts *o, int rank);
 
 /* ---- checks -------------------------------------------------------------------------- */
+/* The failures are named again under the summary: a CI log keeps only its tail. */
+#define TALLY_KEEP 8
 struct tally {
     int passed;
     int failed;
+    char failures[TALLY_KEEP][200];
 };
+void tally_summary(const struct tally *t);
 void check(struct tally *t, int ok, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* A rank's record read back from <out>/nodes/ * /probe. */

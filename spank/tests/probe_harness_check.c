@@ -25,16 +25,26 @@
 
 void check(struct tally *t, int ok, const char *fmt, ...)
 {
+    char line[sizeof(t->failures[0])];
     va_list ap;
     va_start(ap, fmt);
-    printf("%s ", ok ? "ok  " : "FAIL");
-    vprintf(fmt, ap);
-    printf("\n");
+    vsnprintf(line, sizeof(line), fmt, ap);
     va_end(ap);
-    if (ok)
+    printf("%s %s\n", ok ? "ok  " : "FAIL", line);
+    if (ok) {
         t->passed++;
-    else
-        t->failed++;
+        return;
+    }
+    if (t->failed < TALLY_KEEP)
+        memcpy(t->failures[t->failed], line, sizeof(line));
+    t->failed++;
+}
+
+void tally_summary(const struct tally *t)
+{
+    for (int i = 0; i < t->failed && i < TALLY_KEEP; i++)
+        printf("failed: %s\n", t->failures[i]);
+    printf("%d passed, %d failed\n", t->passed, t->failed);
 }
 
 struct sattr_hdr *map_file(const char *path, size_t *size)

@@ -31,6 +31,25 @@ MAX_PEERS_LISTED = 16  # the record's own peer table holds at most NPEERS
 _RFLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 
 
+# A record's step_id is its rank's SLURM_STEP_ID (spank/probe/probe_file.c); the probe writes
+# UINT32_MAX when the env had none. Slurm's batch script step is SLURM_BATCH_SCRIPT.
+STEP_UNSET = 0xFFFFFFFF
+_BATCH_SCRIPT = 0xFFFFFFFB
+_FIRST_SPECIAL = 0xFFFFFFF0
+
+
+def another_steps(rec: RankRecord, step: str) -> bool:
+    """Whether a record names a step other than ``step`` ("batch" or a number): two sruns on
+    one node share its probe dir. A record without a step (a launcher that cleared the env)
+    is not known to be another's, and stays (the watcher's start time still sorts it)."""
+    sid = rec.step_id
+    if sid == STEP_UNSET:
+        return False
+    if step == "batch":
+        return sid != _BATCH_SCRIPT
+    return not step.isdigit() or sid != int(step) or sid >= _FIRST_SPECIAL
+
+
 def read_local(jobdir: str, node: str) -> tuple[list[RankRecord], list[str], dict[str, int]]:
     """(records, problems, name -> bytes to snapshot) of ``<jobdir>/probe``."""
     try:

@@ -21,7 +21,7 @@ from . import classify, findings, slow, store
 from .detect import Tracker
 from .frdetect import FrTracker, poll_period
 from .prekill import LeaderDumps, NodeDumps
-from .nodeview import LocalStall, current, read_local, read_snapshot, summarize
+from .nodeview import LocalStall, another_steps, current, read_local, read_snapshot, summarize
 
 MAX_NODES = 8192
 STALE_CYCLES = 10  # a summary older than this many intervals: its watcher is gone
@@ -88,12 +88,15 @@ class Watcher:
     # ---- the node's part --------------------------------------------------------------
     def node_cycle(self, now: float) -> dict[str, Any]:
         records, problems, sizes = read_local(self.jobdir, self.node)
-        if self.since_ns is not None:  # an earlier step's ranks: not this step's to judge
-            old = [r for r in records if r.create_rt_ns < self.since_ns]
-            if old:
-                records = [r for r in records if r.create_rt_ns >= self.since_ns]
-                for r in old:
-                    sizes.pop(os.path.basename(r.path), None)
+        # Not this step's to judge: another step's ranks (their header says so), and records
+        # made before this watcher started (an earlier step's, frozen where they ended).
+        since, ours = self.since_ns, []
+        for r in records:
+            if another_steps(r, self.step) or (since is not None and r.create_rt_ns < since):
+                sizes.pop(os.path.basename(r.path), None)
+            else:
+                ours.append(r)
+        records = ours
         summary = summarize(self.job, self.node, records, problems)
         summary["seq"] = self.cycles
         if not summary["comms"]:  # no probe records here: the ranks' own FR, where they serve it
@@ -198,9 +201,10 @@ class Watcher:
 
     def yields_to(self) -> str | None:
         """The numbered step whose watcher runs on this node, when this is the batch step's.
-        Probe records and worker sockets carry no step, so the batch script's watcher and its
-        srun step's would read the same ranks and report, dump and cancel twice; the srun
-        step's watchers see all of its nodes, so the batch one steps aside while one runs."""
+        Worker sockets carry no step (nor do probe records whose ranks lost SLURM_STEP_ID), so
+        the batch script's watcher and its srun step's would read the same ranks and report,
+        dump and cancel twice; the srun step's watchers see all of its nodes, so the batch one
+        steps aside while one runs."""
         if self.step != "batch":
             return None
         try:

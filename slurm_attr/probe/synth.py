@@ -89,7 +89,8 @@ def lane_bytes(ln: LaneSpec) -> bytes:
 
 def record_bytes(rank: int, slots: list[SlotSpec], pid: int = 1000, node: str = "", job_id: int = 1,
                  rt_ns: int = 1_700_000_000_000_000_000, mono_ns: int = 1, full: bool = True,
-                 lanes: list[LaneSpec] | None = None, version: int = L.LAYOUT_VER) -> bytes:
+                 lanes: list[LaneSpec] | None = None, version: int = L.LAYOUT_VER,
+                 step_id: int = 0) -> bytes:
     """A whole record; with ``full`` padded to the plugin's fixed size. ``version`` 1
     writes the layout before lanes (for the reader's backward compatibility)."""
     lanes = lanes or []
@@ -99,7 +100,7 @@ def record_bytes(rank: int, slots: list[SlotSpec], pid: int = 1000, node: str = 
     v = dict.fromkeys(L.HEADER_NAMES, 0)
     v.update(magic=L.MAGIC, layout_ver=version, hdr_size=L.HDR_SIZE, slot_size=L.SLOT_SIZE,
              nslots=L.NSLOTS, file_size=file_size, pid=pid, global_rank=rank, local_rank=0,
-             world_size=0, job_id=job_id, create_rt_ns=rt_ns, create_mono_ns=mono_ns,
+             world_size=0, job_id=job_id, step_id=step_id, create_rt_ns=rt_ns, create_mono_ns=mono_ns,
              heartbeat_ns=mono_ns, api_ver=5, hostname=node.encode()[:63], node_name=node.encode()[:31],
              nslots_used=len(slots), slurm_procid=rank, win_ms=1000, clock_id=6, lanes_used=len(lanes))
     head = bytearray(L.HDR_SIZE)

@@ -11,6 +11,7 @@ import pytest
 
 from slurm_attr.config import Config
 from slurm_attr.live import findings
+from slurm_attr.live.nodeview import STEP_UNSET
 from slurm_attr.live.watcher import Watcher
 from slurm_attr.probe import layout as L
 from slurm_attr.probe.synth import SlotSpec, record_bytes
@@ -36,6 +37,7 @@ class Sim:
 
     def __init__(self, tmp, n: int = 8, per_node: int = 4, hang_after: float = 10.0):
         self.n, self.per_node, self.now = n, per_node, 0.0
+        self.step_id = 0  # each rank's SLURM_STEP_ID, as its record carries it
         cfg = Config()
         cfg.paths.spool = str(tmp / "spool")
         (tmp / "spool").mkdir()
@@ -56,8 +58,9 @@ class Sim:
     def write(self, kw_of) -> None:
         for r in range(self.n):
             data = record_bytes(r, [spec(r, self.n, **kw_of(r))], pid=100 + r, node=self.node_of(r),
-                                rt_ns=RT0, mono_ns=1)
-            path = self.jobdirs[self.node_of(r)] / "probe" / f"rank{r}.probe"
+                                rt_ns=RT0, mono_ns=1, step_id=self.step_id)
+            name = f"rank{r}.probe" if self.step_id == 0 else f"rank{r}.s{self.step_id}.probe"
+            path = self.jobdirs[self.node_of(r)] / "probe" / name
             tmp = path.with_suffix(".tmp")
             tmp.write_bytes(data)
             os.replace(tmp, path)
@@ -273,11 +276,59 @@ def test_the_batch_steps_watcher_steps_aside_while_an_srun_step_watches_its_node
     sim.watchers = [batch]
     assert sim.run(20) == [] and batch.yielded is None and batch.since_ns is not None
     assert (live / "summary" / "batch" / f"{n0}.json").exists()
-    # near miss: a batch-step watcher alone (no srun step) watches the ranks it sees
+    # near miss: a batch-step watcher alone (no srun step) watches the ranks it sees: ranks the
+    # batch script started itself, whose env has no SLURM_STEP_ID (Slurm sets none there)
     (tmp_path / "solo").mkdir()
     solo = Sim(tmp_path / "solo", per_node=8)
+    solo.step_id = STEP_UNSET
     solo.watchers = [Watcher(solo.cfg, JOB, solo.nodes[0], str(solo.jobdirs[solo.nodes[0]]), leader=True,
                              nnodes=1, clock=lambda: solo.now, step="batch")]
     k = _healthy(solo)
     solo.write(lambda r: {"k": k, "inflight": 0} if r == 5 else {"k": k + 1})
     assert [(f["class"], f["step"], f["ranks"]) for f in solo.run(15)] == [("H1", "batch", [5])]
+
+
+def test_two_steps_on_the_same_nodes_each_judge_their_own_ranks(tmp_path):
+    """`srun A & srun B & wait`: both steps' ranks write into the job's probe dir of each node.
+    Step 1's rank 5 stops entering: step 1's watchers report it, step 0's (healthy) do not."""
+    sim = Sim(tmp_path)
+    step1 = [Watcher(sim.cfg, JOB, nd, str(sim.jobdirs[nd]), leader=(nd == sim.nodes[0]),
+                     nnodes=len(sim.nodes), clock=lambda: sim.now, step="1")
+             for nd in reversed(sim.nodes)]
+    sim.watchers += step1
+
+    def both(kw0, kw1):
+        sim.step_id = 0
+        sim.write(kw0)
+        sim.step_id = 1
+        sim.write(kw1)
+
+    for k in range(10, 15):
+        both(lambda r, k=k: {"k": k}, lambda r, k=k: {"k": k})
+        assert sim.tick() == []
+    found = []
+    for i in range(15):
+        k = 15 + i
+        both(lambda r, k=k: {"k": k}, lambda r: {"k": 14, "inflight": 0} if r == 5 else {"k": 15})
+        found += sim.tick()
+    assert [(f["class"], f["step"], f["ranks"]) for f in found] == [("H1", "1", [5])]
+    # a record without a step (a launcher that cleared the env) is no other step's: it stays
+    sim.step_id = STEP_UNSET
+    sim.write(lambda r: {"k": 30})
+    # the second node's dir holds 12 records now: 4 of each step and 4 without one
+    assert len(list((sim.jobdirs["n1"] / "probe").iterdir())) == 12
+    for w in (sim.watchers[0], step1[0]):  # step 0's and step 1's watcher there
+        assert w.node_cycle(sim.now)["ranks"] == [4, 4, 5, 5, 6, 6, 7, 7]  # its own 4, the 4 unset
+
+
+@pytest.mark.parametrize("step_id,step,other", [
+    (1, "1", False), (1, "0", True), (0, "1", True),            # numbered steps
+    (0xFFFFFFFB, "batch", False), (0, "batch", True),           # SLURM_BATCH_SCRIPT
+    (0xFFFFFFFB, "0", True), (0xFFFFFFFA, "batch", True),       # an interactive step's ranks
+    (STEP_UNSET, "0", False), (STEP_UNSET, "batch", False),     # no SLURM_STEP_ID: not known
+])
+def test_which_records_name_another_step(step_id, step, other):
+    from slurm_attr.live.nodeview import another_steps
+    from slurm_attr.probe.record import parse_header
+    rec = parse_header(record_bytes(0, [], step_id=step_id), "probe/x", "n0")
+    assert another_steps(rec, step) is other

@@ -206,10 +206,11 @@ def test_a_job_outside_the_live_partitions_gets_no_watcher(cluster):
 
 def test_two_steps_on_the_same_nodes_each_watch_their_own_ranks(cluster):
     """`srun A & srun B & wait` on the same two nodes: both steps' ranks write their records
-    into each node's one probe dir, with the same global ranks and communicator hash. Step 1
-    (nonentry: rank 3 never launches AllReduce #300) hangs while step 0 (healthy) runs on.
-    Step 1's watchers report it; step 0's, which started first and see step 1's newer records
-    in their dir, leave them out by the step id in the records' header and report nothing."""
+    into each node's one probe dir, with the same global ranks and communicator hash. One step
+    (nonentry: rank 3 never launches AllReduce #300) hangs while the other (healthy) runs on.
+    The hung step's watchers report it; the healthy step's, which started first and see the
+    other's newer records in their dir, leave them out by the step id in the records' header
+    and report nothing (without it they reported the same hang as theirs)."""
     if not HARNESS.exists():
         pytest.fail(f"{HARNESS} missing: run `make -C spank test` first")
     shm = "/dev/shm/sattr-harness-$SLURM_JOB_ID"
@@ -218,9 +219,9 @@ def test_two_steps_on_the_same_nodes_each_watch_their_own_ranks(cluster):
     script = f"""#!/bin/bash
 #SBATCH -N2 --ntasks-per-node=2 -p live -t 5
 rm -f {shm}.0 {shm}.1
-srun --overlap -N2 --ntasks-per-node=1 bash -c '{run} --shm {shm}.0 --scenario healthy --ops 4000' &
-sleep 1  # step 0 first: its watchers start before step 1's records exist
-srun --overlap -N2 --ntasks-per-node=1 bash -c '{run} --shm {shm}.1 --scenario nonentry --ops 400 --hang-ms 60000' &
+srun -J healthy --overlap -N2 -n2 --ntasks-per-node=1 bash -c '{run} --shm {shm}.0 --scenario healthy --ops 4000' &
+sleep 1  # the healthy step first: its watchers start before the other step's records exist
+srun -J hang --overlap -N2 -n2 --ntasks-per-node=1 bash -c '{run} --shm {shm}.1 --scenario nonentry --ops 400 --hang-ms 60000' &
 wait
 rm -f {shm}.0 {shm}.1
 """
@@ -231,7 +232,11 @@ rm -f {shm}.0 {shm}.1
         f = _wait_finding(cluster, job, lambda f: f.get("class", "").startswith("H"))
         time.sleep(3)  # step 0's watchers had the same records as long (6 cycles of interval_s 0.5)
         doc = findings.load(str(spool), job) or {}
-        step0 = json.loads((spool / "live" / job / "summary" / "0" / f"{nodes[1]}.json").read_text())
+        # which step is which: Slurm numbers them in the order their sruns asked
+        steps = dict(reversed(ln.split("|")[:2]) for ln in cluster.run(
+            ["sacct", "-n", "-P", "-j", job, "-o", "JobID,JobName"]).stdout.splitlines() if "|" in ln)
+        healthy, hang = steps["healthy"].split(".")[1], steps["hang"].split(".")[1]
+        other = json.loads((spool / "live" / job / "summary" / healthy / f"{nodes[1]}.json").read_text())
         running = cluster.is_running(job)
     finally:
         cluster.run(["scancel", job], check=False)
@@ -239,12 +244,12 @@ rm -f {shm}.0 {shm}.1
     assert f is not None, f"no hang finding for job {job}: {doc}"
     hangs = [(h["class"], h["step"], h["ranks"], h["nodes"]) for h in doc.get("findings", [])
              if h.get("class", "").startswith("H") and h["label"].startswith("world ")]
-    assert hangs == [("H1", "1", [3], [nodes[0]])], hangs
-    assert [h for h in doc.get("findings", []) if h.get("step") == "0"] == [], doc
-    # step 0's watcher on the second node read its own 4 ranks there, still progressing
-    assert step0["ranks"] == [4, 5, 6, 7] and running, step0["ranks"]
-    print(f"\ntwo steps on the same nodes: H1 rank 3 of step 1 {_latency(f):.2f} s after the stall; "
-          f"step 0's watchers: no finding")
+    assert hangs == [("H1", hang, [3], [nodes[0]])], (hangs, steps)
+    assert [h for h in doc.get("findings", []) if h.get("step") == healthy] == [], doc
+    # the healthy step's watcher on the second node read its own 4 ranks there, still running
+    assert other["ranks"] == [4, 5, 6, 7] and running, other["ranks"]
+    print(f"\ntwo steps on the same nodes: H1 rank 3 of step {hang} {_latency(f):.2f} s after the stall; "
+          f"step {healthy}'s watchers: no finding")
 
 
 # ---- the watcher never changes the job's result ----------------------------------------------

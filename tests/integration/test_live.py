@@ -51,9 +51,10 @@ exec {HARNESS} run --plugin "$lib" --out "$SLURM_ATTR_DIR/h" --scenario {scenari
         cfg = config_mod.load(str(cluster.config_path))
         cfg.live.hang_after_s, cfg.live.interval_s = HANG_AFTER_S, 0.5
         jobdir = cluster.base / "nodes" / host / "evidence" / job / "h" / "nodes"
-        # node 1's watcher first: the leader (node 0) reads what the other wrote this cycle
+        # node 1's watcher first: the leader (node 0) reads what the other wrote this cycle;
+        # step 0: the harness's --out ranks carry the env of step 0 of their pretend job
         watchers = [Watcher(cfg, job, nodes[i], str(jobdir / f"node{i}"), leader=(i == 0), nnodes=2,
-                            step="batch") for i in (1, 0)]
+                            step="0") for i in (1, 0)]
         found: list[dict] = []
         deadline = time.monotonic() + 90
         # until the world communicator's finding: a stuck rank also stalls its side communicator,

@@ -50,9 +50,10 @@ exec {HARNESS} run --plugin "$lib" --out "$SLURM_ATTR_DIR/h" --scenario {scenari
         jobdir = cluster.base / "nodes" / host / "evidence" / job / "h" / "nodes"
         while not (jobdir / "node1" / "probe").is_dir() and cluster.is_running(job):
             time.sleep(0.05)
-        # node 1's watcher first: the leader (node 0) reads what the other wrote this cycle
+        # node 1's watcher first: the leader (node 0) reads what the other wrote this cycle;
+        # step 0: the harness's --out ranks carry the env of step 0 of their pretend job
         watchers = [Watcher(cfg, job, nodes[i], str(jobdir / f"node{i}"), leader=(i == 0), nnodes=2,
-                            step="batch") for i in (1, 0)]
+                            step="0") for i in (1, 0)]
         leader = watchers[1]
         slow_cost: list[float] = []
         orig = leader.slow.cycle

@@ -38,7 +38,7 @@ _BATCH_SCRIPT = 0xFFFFFFFB
 _FIRST_SPECIAL = 0xFFFFFFF0
 
 
-def another_steps(rec: RankRecord, step: str) -> bool:
+def of_another_step(rec: RankRecord, step: str) -> bool:
     """Whether a record names a step other than ``step`` ("batch" or a number): two sruns on
     one node share its probe dir. A record without a step (a launcher that cleared the env)
     is not known to be another's, and stays (the watcher's start time still sorts it)."""

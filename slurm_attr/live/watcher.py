@@ -21,7 +21,7 @@ from . import classify, findings, slow, store
 from .detect import Tracker
 from .frdetect import FrTracker, poll_period
 from .prekill import LeaderDumps, NodeDumps
-from .nodeview import LocalStall, another_steps, current, read_local, read_snapshot, summarize
+from .nodeview import LocalStall, current, of_another_step, read_local, read_snapshot, summarize
 
 MAX_NODES = 8192
 STALE_CYCLES = 10  # a summary older than this many intervals: its watcher is gone
@@ -92,7 +92,7 @@ class Watcher:
         # made before this watcher started (an earlier step's, frozen where they ended).
         since, ours = self.since_ns, []
         for r in records:
-            if another_steps(r, self.step) or (since is not None and r.create_rt_ns < since):
+            if of_another_step(r, self.step) or (since is not None and r.create_rt_ns < since):
                 sizes.pop(os.path.basename(r.path), None)
             else:
                 ours.append(r)

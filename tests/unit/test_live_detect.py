@@ -11,9 +11,10 @@ import pytest
 
 from slurm_attr.config import Config
 from slurm_attr.live import findings
-from slurm_attr.live.nodeview import STEP_UNSET
+from slurm_attr.live.nodeview import STEP_UNSET, of_another_step
 from slurm_attr.live.watcher import Watcher
 from slurm_attr.probe import layout as L
+from slurm_attr.probe.record import parse_header
 from slurm_attr.probe.synth import SlotSpec, record_bytes
 
 AR = 4
@@ -328,7 +329,5 @@ def test_two_steps_on_the_same_nodes_each_judge_their_own_ranks(tmp_path):
     (STEP_UNSET, "0", False), (STEP_UNSET, "batch", False),     # no SLURM_STEP_ID: not known
 ])
 def test_which_records_name_another_step(step_id, step, other):
-    from slurm_attr.live.nodeview import another_steps
-    from slurm_attr.probe.record import parse_header
     rec = parse_header(record_bytes(0, [], step_id=step_id), "probe/x", "n0")
-    assert another_steps(rec, step) is other
+    assert of_another_step(rec, step) is other

@@ -16,7 +16,7 @@ from typing import Any
 
 from . import usercopy
 from .config import Config
-from .errors import NotFound, PermissionDenied, SlurmError, StoreError
+from .errors import NotFound, PermissionDenied, SlurmError, StoreError, UnsafePath
 from .model import Verdict
 from .slurm import default_backend
 from .store import Store
@@ -87,6 +87,31 @@ def job_view(cfg: Config, job_id: str) -> JobView:
     if admin and os.path.exists(cfg.paths.database):
         raise StoreError(f"cannot read {cfg.paths.database}")
     return _from_user_copy(cfg, job_id, uid, name, admin)
+
+
+def check_job(cfg: Config, job_id: str) -> None:
+    """Raise PermissionDenied, as ``job_view`` does, when the caller may not read job_id: for
+    the commands that read a job's bundle rather than its verdict (`sattr fr`, `sattr report`),
+    whose files another user cannot open, which would otherwise read as an empty answer.
+    Owner by the verdict database where readable, else by the caller's own copy of the
+    verdict, else by accounting (a job accounting cannot name stays the OS's to refuse)."""
+    uid, name = caller()
+    if is_admin(cfg, uid, name):
+        return
+    if can_read_database(cfg.paths.database):
+        try:
+            job = Store(cfg.paths.database).job(job_id)
+        except (StoreError, NotFound):
+            job = {}
+        if job:
+            _check_owner(job, uid, name, job_id)
+            return
+    try:
+        usercopy.read(cfg, job_id, uid)  # kept under the caller's own uid: their job
+        return
+    except (NotFound, UnsafePath):
+        pass
+    _check_in_accounting(cfg, job_id, name, admin=False)
 
 
 # Seen on Slurm 22.05 right after the job's comment was written: for a second or two sacct

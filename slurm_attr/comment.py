@@ -21,6 +21,7 @@ import sqlite3
 import time
 from typing import Iterable
 
+from . import jobtext
 from .errors import SlurmError
 from .model import Verdict
 from .slurm.base import SlurmAccess
@@ -40,7 +41,11 @@ _UNSAFE = re.compile(r"[\x00-\x1f\x7f'\"|]")
 
 
 def _clean(text: str) -> str:
-    return re.sub(r"\s+", " ", _UNSAFE.sub(" ", text)).strip()
+    """Our part on one line: whitespace runs a space, every other control character (ESC, C1,
+    bidi, zero-width: the summary quotes the job's words) a visible escape, sacctmgr's
+    delimiters a space. Every reader of the Comment (sacct in a terminal) gets printable text."""
+    one_line = jobtext.line(re.sub(r"\s+", " ", text))
+    return re.sub(r" {2,}", " ", _UNSAFE.sub(" ", one_line)).strip()
 
 
 def _compact(items: list, limit: int = 4) -> str:

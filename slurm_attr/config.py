@@ -188,6 +188,25 @@ class Live:
     ras: str = "auto"
     ras_addr: str = "localhost:28028"
     ras_timeout_s: float = 5.0
+    # Budgets: a job's ranks answer a root watcher, so everything they can make it write or
+    # hold is capped (live/budget.py). Bytes one job may hold in the live spool (<spool>/live/
+    # <job>: summaries, snapshots, pre-kill dumps) over all its nodes and steps; each node
+    # keeps its share, min(node_cap_bytes, job_cap_bytes / the step's nodes). Over it, the
+    # node's oldest and largest dumps go first and the dumps' coverage says what went.
+    job_cap_bytes: int = 1024 * MiB
+    node_cap_bytes: int = 128 * MiB
+    # Worker sockets one node's watcher talks to per collection or FR poll, all of them at
+    # once under one deadline of collect_timeout_s (each request also within 3 s).
+    max_sockets: int = 64
+    collect_timeout_s: float = 10.0
+    # Watcher processes per node (over all jobs); a step beyond them is adopted by a running
+    # watcher (at most steps_per_watcher steps each, its own job's first) or, with every
+    # watcher full, waits unwatched until one has room (its coverage says so).
+    max_watchers: int = 4
+    steps_per_watcher: int = 16
+    # Address space of one watcher process (RLIMIT_AS); a reply that would need more is
+    # refused before it is parsed (its rank's coverage says why), never the cycle.
+    watcher_mem_bytes: int = 512 * MiB
 
 
 @dataclass
@@ -298,6 +317,10 @@ def _validate(cfg: Config) -> None:
             or not 0 < lv.straggler_share <= 1 or lv.phase_factor <= 1 or lv.link_outlier_ratio <= 1):
         raise ConfigError("[live] slow_*/link_*/phase_* counts must be >= 1, straggler_share within 0..1, "
                           "phase_factor and link_outlier_ratio > 1")
+    if (min(lv.job_cap_bytes, lv.node_cap_bytes, lv.max_sockets, lv.max_watchers, lv.steps_per_watcher) < 1
+            or not 0 < lv.collect_timeout_s <= 600 or lv.watcher_mem_bytes < 128 * MiB):
+        raise ConfigError("[live] job_cap_bytes, node_cap_bytes, max_sockets, max_watchers and steps_per_watcher "
+                          "must be >= 1, collect_timeout_s within 0..600, watcher_mem_bytes >= 128 MiB")
     if cfg.drain.max_drains < 0 or cfg.drain.window_s <= 0:
         raise ConfigError("[drain] max_drains must be >= 0 and window_s > 0")
 

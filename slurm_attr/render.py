@@ -5,12 +5,16 @@ the culprit (nodes, GPUs, ranks), the evidence chain (source, node, file:line,
 text) with cascade symptoms folded under their root, coverage gaps, the drain
 decisions, and Notes: the next step in plain words. Colour only when asked (the
 CLI asks on a tty); ``--json`` is the contract, this is not.
+
+Most of a verdict is the job's words (its lines, paths, messages, FR names): every string
+of it is made printable (jobtext.line) before a line is built, and our colours go on after.
 """
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Any
 
+from . import jobtext
 from .model import Action, Symptom, Verdict
 
 _COLORS = {"hardware": "31", "network": "35", "user": "33", "scheduler": "36", "infrastructure": "34",
@@ -255,7 +259,7 @@ def notes(v: Verdict, job: dict[str, Any]) -> list[str]:
     elif v.cause == "collective_mismatch":
         where = fields.get("first_divergent_frame") or fields.get("frame") or fields.get("where") or ""
         lead = f"{rank_word} {ranks} diverged" if ranks else "The ranks diverged"
-        out.append(f"{lead}" + (f" at {where}" if where else "")
+        out.append(f"{lead}" + (f" at {jobtext.quote(where, 160)}" if where else "")
                    + " — a data-dependent branch or an uneven loop: every rank must issue the same collectives "
                      "in the same order with the same sizes.")
     elif v.cause == "rank_stuck":
@@ -294,7 +298,11 @@ def notes(v: Verdict, job: dict[str, Any]) -> list[str]:
 
 def verdict_text(v: Verdict, job: dict[str, Any] | None = None, color: bool = False,
                  comment_status: str | None = None) -> str:
-    job = job or {}
+    raw, raw_job = v, job or {}
+    # A printable copy of everything the verdict and the job record hold: the blocks below
+    # interpolate dozens of fields, and one missed would be one escape sequence let through.
+    v = Verdict.from_dict(jobtext.deep(raw.to_dict()))
+    job = jobtext.deep(raw_job)
     lines = _header(v, job, color)
     lines += _verdict_block(v, color)
     lines += _evidence_block(v)
@@ -302,8 +310,9 @@ def verdict_text(v: Verdict, job: dict[str, Any] | None = None, color: bool = Fa
     lines += _coverage_block(v)
     lines += _actions_block(v)
     if comment_status and comment_status != "written":
-        lines += ["", f"Job comment: {comment_status} (retried on the next analysis, or `sattr comments --retry`)"]
-    n = notes(v, job)
+        lines += ["", f"Job comment: {jobtext.line(comment_status)} "
+                      "(retried on the next analysis, or `sattr comments --retry`)"]
+    n = [jobtext.line(x) for x in notes(raw, raw_job)]  # notes quote job text themselves
     if n:
         lines += ["", _bold("Notes:", color)]
         lines.extend(f"  * {x}" for x in n)

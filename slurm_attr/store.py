@@ -199,6 +199,24 @@ class Store:
         row["nodes"] = json.loads(row.get("nodes") or "[]")
         return row
 
+    def verdict_attempts(self, slurm_job_ids: Iterable[str]) -> dict[str, int]:
+        """For each raw Slurm job id (the spool's key, an array task's own id) with a stored
+        verdict, the requeue attempt that verdict is of: 0 for bundle ``<id>``, N for
+        ``<id>.rN``. Retention (gc.py) asks this for every bundle on the spool at once, in
+        one query: a bundle whose attempt has no verdict yet is not removed to save space."""
+        ids = sorted({str(j) for j in slurm_job_ids})
+        if not ids:
+            return {}
+        rows = self.db.query(
+            "select j.slurm_job_id as sid, j.bundle_key as bkey from jobs j join verdicts v on v.job_id = j.job_id "
+            "where j.slurm_job_id in (select value from json_each(?))", [json.dumps(ids)])
+        out: dict[str, int] = {}
+        for r in rows:
+            sid, bkey = str(r["sid"]), str(r["bkey"] or "")
+            rest = bkey[len(sid) + 2:] if bkey.startswith(sid + ".r") else ""
+            out[sid] = max(out.get(sid, 0), int(rest) if rest.isdigit() else 0)
+        return out
+
     def jobs(self, since: float | None = None, user: str | None = None, cause: str | None = None,
              node: str | None = None, limit: int = 200) -> list[dict[str, Any]]:
         sql = ["select j.*, v.cause, v.domain, v.summary, v.culprit_nodes, v.analyzed_at from jobs j",

@@ -3,27 +3,61 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from typing import Any
 
 import click
 
-from .. import flightrec
+from .. import access, flightrec, jobtext
 from ..config import Config
-from ..errors import NotFound
+from ..errors import NotFound, PermissionDenied
 from ..flightrec.html import render_html
 from ..flightrec.matrix import build_matrix, render_text
 from . import main
 from .options import echo_json, handle_errors, json_option, load_config, use_color
 
 
+# A bundle's name under the spool: the raw job id (an array task's own), ".rN" for a requeue.
+_BUNDLE = re.compile(r"(\d{1,12}(?:_\d{1,9})?)(?:\.r\d{1,4})?")
+
+
 def resolve(ref: str, cfg: Config) -> str:
-    """A job's bundle directory: REF itself when it is a directory, else <spool>/bundles/REF."""
-    if os.path.isdir(ref):
-        return ref
-    path = os.path.join(cfg.paths.spool, "bundles", ref)
+    """A job's bundle directory: REF itself when it is a directory, else <spool>/bundles/REF.
+
+    A job's bundle (named by its id, or a directory of the spool's) is the caller's only
+    as `sattr JOB` allows: another user's job is refused with its message, and a bundle the
+    caller cannot read is refused too, never shown as an empty "no divergence"."""
+    bundles = os.path.join(cfg.paths.spool, "bundles")
+    path = ref if os.path.isdir(ref) else os.path.join(bundles, ref)
+    full = os.path.abspath(path)  # not resolved: a link in the spool still names its job
+    in_spool = os.path.realpath(os.path.dirname(full)) == os.path.realpath(bundles)
+    job = _BUNDLE.fullmatch(os.path.basename(full)) if in_spool else None
+    if job is not None:
+        access.check_job(cfg, job.group(1))
     if not os.path.isdir(path):
         raise NotFound(f"no bundle for job {ref} (looked in {path}); pass a bundle or dump directory instead")
+    _check_readable(path, job.group(1) if job else None)
     return path
+
+
+def _check_readable(path: str, job: str | None) -> None:
+    """A directory whose files this caller cannot open would read as a job with no findings."""
+    top = os.path.join(path, "job.json")
+    if os.access(path, os.R_OK | os.X_OK) and (not os.path.exists(top) or os.access(top, os.R_OK)):
+        return
+    if job is None:
+        raise PermissionDenied(f"{path}: not readable by you")
+    raise PermissionDenied(f"the bundle of job {job} is readable only by admins here ({path}); "
+                           f"`sattr {job}` shows your job's verdict")
+
+
+def _printable(m: flightrec.Matrix) -> flightrec.Matrix:
+    """The matrix with the dumps' names (groups, signatures) made printable; our colours go on
+    in render_text, after."""
+    line = jobtext.line
+    panels = [dataclasses.replace(p, pg=line(p.pg), label=line(p.label), title=line(p.title),
+                                  rows=[dataclasses.replace(r, note=line(r.note)) for r in p.rows]) for p in m.panels]
+    return dataclasses.replace(m, panels=panels, legend={k: line(v) for k, v in m.legend.items()})
 
 
 def _matrix_dict(m: flightrec.Matrix) -> dict[str, Any]:
@@ -82,17 +116,18 @@ def fr_command(ctx: click.Context, ref: str, all_groups: bool, before: int, afte
     color = use_color()
     for s in rep.symptoms:
         mark = {"root": "root", "context": "note"}.get(s.role, "downstream")
-        line = f"[{mark}] {s.summary}"
+        line = f"[{mark}] {jobtext.line(s.summary)}"
         click.echo(click.style(line, fg="red", bold=True) if color and s.role == "root" else line)
         fd = s.fields.get("first_differing_frame")
-        if s.role == "root" and fd:
-            click.echo(f"        first differing frame: {fd.get('culprit')}  (others: {fd.get('majority')})")
+        if s.role == "root" and isinstance(fd, dict):
+            click.echo(f"        first differing frame: {jobtext.line(fd.get('culprit'))}  "
+                       f"(others: {jobtext.line(fd.get('majority'))})")
     if rep.symptoms:
         click.echo("")
-    click.echo(render_text(m, color=color), nl=False)
+    click.echo(render_text(_printable(m), color=color), nl=False)
     bad = [c for c in rep.coverage if c.status != "ok"]
     for c in bad:
-        click.echo(f"coverage: {c.status}: {c.node or '-'}: {c.detail}")
+        click.echo(f"coverage: {jobtext.line(c.status)}: {jobtext.line(c.node or '-')}: {jobtext.line(c.detail)}")
 
 
 def _verdict(path: str, cfg: Config) -> tuple[dict[str, Any] | None, str]:

@@ -5,7 +5,7 @@ import time
 
 import click
 
-from .. import drain, render
+from .. import drain, jobtext, render
 from ..analysis import run_bundle
 from ..bundle import Bundle
 from . import main
@@ -42,7 +42,7 @@ def show(ctx: click.Context, job_id: str, as_json: bool) -> None:
                 raise
             click.echo("\n".join(f"job {job_id}: {line}" for line in running))
             return
-        click.echo(f"job {job_id}: {waiting}")
+        click.echo(f"job {job_id}: {jobtext.line(waiting)}")
         return
     if as_json:
         echo_json(view.verdict.to_dict())
@@ -50,7 +50,7 @@ def show(ctx: click.Context, job_id: str, as_json: bool) -> None:
     click.echo(render.verdict_text(view.verdict, view.job, color=use_color(), comment_status=view.comment_status))
     waiting = pending_line(cfg, job_id)
     if waiting:  # a partial verdict, to be replaced by a retry
-        click.echo(f"\n{waiting}")
+        click.echo(f"\n{jobtext.line(waiting)}")
 
 
 @main.command()
@@ -116,12 +116,13 @@ def comments(ctx: click.Context, retry: bool, verify: bool, since: str, as_json:
         click.echo(f"{len(got['ok'])} verified, {len(got['reapplied'])} re-applied, {len(got['failed'])} failed, "
                    f"{len(got['missing'])} not in accounting", err=True)
         for job_id in got["reapplied"]:
-            click.echo(f"re-applied {job_id}", err=True)
+            click.echo(f"re-applied {jobtext.line(job_id)}", err=True)
     rows = [dict(r) for r in store.db.query("select * from comments where status != 'written' order by updated_at")]
     if as_json:
         echo_json(rows)
         return
     for r in rows:
-        click.echo(f"{r['job_id']}\t{r['status']}\t{r['attempts']} attempts\t{r['last_error']}")
+        click.echo("\t".join(jobtext.line(r[k]) for k in ("job_id", "status")) + f"\t{r['attempts']} attempts\t"
+                   + jobtext.line(r["last_error"]))
     if not rows:
         click.echo("no comments pending")

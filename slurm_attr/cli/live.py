@@ -5,6 +5,7 @@ import os
 
 import click
 
+from .. import jobtext
 from . import main
 from .options import echo_json, handle_errors, json_option, load_config
 
@@ -41,7 +42,7 @@ def live(ctx: click.Context, job_id: str, as_json: bool) -> None:
         return
     if doc is None:
         hint = "" if os.geteuid() == 0 else " (or not readable by you)"
-        click.echo(f"job {job_id}: no live findings{hint}")
+        click.echo(f"job {jobtext.line(job_id)}: no live findings{hint}")
         return
-    for line in findings.lines(doc) or ["no hang detected"]:
+    for line in findings.lines(doc) or ["no hang detected"]:  # lines() makes the job's text printable
         click.echo(f"job {job_id}: {line}")

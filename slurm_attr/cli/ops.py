@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from .. import access, drain
+from .. import access, drain, jobtext
 from ..breaker import Breaker
 from ..errors import NotFound, PermissionDenied, SattrError, SlurmError
 from ..model import domain_of
@@ -60,7 +60,15 @@ def _iso(ts: Any) -> str:
 
 
 def _color(text: str, domain: str) -> str:
+    """Our colour around ``text``, which is made printable first: the colour is the only escape."""
+    text = jobtext.line(text)
     return f"\x1b[{_COLORS.get(domain, '0')}m{text}\x1b[0m" if use_color() else text
+
+
+def _cells(*values: Any) -> list[str]:
+    """A table row from stored fields, each printable: summaries, reasons and errors quote
+    what jobs wrote, and the store keeps them as written."""
+    return [jobtext.line(v) for v in values]
 
 
 def _actor() -> str:
@@ -156,8 +164,10 @@ def list_jobs(ctx: click.Context, since: str, user: str | None, cause: str | Non
     if not out:
         click.echo("no analysed jobs match", err=True)
         return
-    table = [[o["job_id"], o["user"] or "-", o["state"] or "-", _color(o["cause"] or "?", o["domain"] or "unknown"),
-              ",".join(o["culprit_nodes"]) or "-", o["analyzed_at"] or "-", o["summary"][:90]] for o in out]
+    table = [[*_cells(o["job_id"], o["user"] or "-", o["state"] or "-"),
+              _color(o["cause"] or "?", o["domain"] or "unknown"),
+              *_cells(",".join(map(str, o["culprit_nodes"])) or "-", o["analyzed_at"] or "-", o["summary"][:90])]
+             for o in out]
     click.echo(_table(table, ["JOB", "USER", "STATE", "CAUSE", "CULPRIT", "ANALYSED", "SUMMARY"]))
 
 
@@ -175,9 +185,9 @@ def _list_pending(cfg: Any, as_json: bool) -> None:
     if not rows:
         click.echo("no pending jobs", err=True)
         return
-    table = [[str(d.get("job_id") or d["key"]), _iso(d.get("since")), str(int(d.get("attempts") or 0)),
-              _iso(d.get("next_try")), "partial" if d.get("partial_stored") else "-",
-              (d.get("last_error") or "-")[:120]] for d in rows]
+    table = [_cells(d.get("job_id") or d["key"], _iso(d.get("since")), int(d.get("attempts") or 0),
+                    _iso(d.get("next_try")), "partial" if d.get("partial_stored") else "-",
+                    (d.get("last_error") or "-")[:120]) for d in rows]
     click.echo(_table(table, ["JOB", "PENDING SINCE", "ATTEMPTS", "NEXT TRY", "STORED", "LAST ERROR"]))
 
 
@@ -265,7 +275,7 @@ def nodes(ctx: click.Context, since: str, as_json: bool) -> None:
         echo_json(report)
         return
     if err:
-        click.echo(f"(Slurm not reachable, drain state unknown: {err})", err=True)
+        click.echo(f"(Slurm not reachable, drain state unknown: {jobtext.line(err)})", err=True)
     if not report:
         click.echo("no nodes seen yet", err=True)
         return
@@ -275,11 +285,11 @@ def nodes(ctx: click.Context, since: str, as_json: bool) -> None:
         state = e["state"] or "?"
         if e["reason"]:
             state += f" ({e['reason']})"
-        rows.append([e["node"], str(e["jobs"]), culprit, f"{e['hardware_symptoms']} in {e['hardware_jobs']} jobs"
-                     if e["hardware_symptoms"] else "-", "yes" if e["recurring"] else "-", state])
+        rows.append(_cells(e["node"], e["jobs"], culprit, f"{e['hardware_symptoms']} in {e['hardware_jobs']} jobs"
+                           if e["hardware_symptoms"] else "-", "yes" if e["recurring"] else "-", state))
         for g in e["gpus"]:
             syms = ", ".join(f"{r} x{n}" for r, n in g["symptoms"].items())
-            rows.append([f"  gpu {g['gpu']}", "", "", syms, ", ".join(g["recurring"]) or "-", ""])
+            rows.append(_cells(f"  gpu {g['gpu']}", "", "", syms, ", ".join(g["recurring"]) or "-", ""))
     click.echo(_table(rows, ["NODE", "JOBS", "CULPRIT OF", "HARDWARE SYMPTOMS", "RECURRING", "STATE"]))
 
 
@@ -335,8 +345,8 @@ def drains(ctx: click.Context, since: str, as_json: bool) -> None:
     for h in hist:
         result = ("applied" if h["applied"] else f"blocked: {h['blocked_by']}") if h["event"] != "undrain" else \
             ("resumed" if h["applied"] else f"refused: {h['blocked_by']}")
-        rows.append([_iso(h["time"]), h["node"] or "-", h["event"], result, h["job_id"] or "-", h["path"] or "-",
-                     h["actor"] or "-", h["reason"] or ""])
+        rows.append(_cells(_iso(h["time"]), h["node"] or "-", h["event"], result, h["job_id"] or "-", h["path"] or "-",
+                           h["actor"] or "-", h["reason"] or ""))
     click.echo(_table(rows, ["TIME", "NODE", "ACTION", "RESULT", "JOB", "PATH", "BY", "REASON / WHY"]))
 
 
@@ -373,7 +383,7 @@ def undrain(ctx: click.Context, node_names: tuple[str, ...], reason: str) -> Non
     results = drain.undrain(slurm, store, names, reason.strip(), _actor())
     failed = 0
     for r in results:
-        click.echo(r.message, err=not r.ok)
+        click.echo(jobtext.line(r.message), err=not r.ok)
         failed += not r.ok
     if failed:
         raise SattrError(f"{failed} of {len(results)} node(s) not resumed")
@@ -417,20 +427,21 @@ def breaker_status(ctx: click.Context, as_json: bool) -> None:
         echo_json(st)
         return
     if st["tripped"]:
-        click.echo(_color("TRIPPED", "hardware") + f" since {_iso(st['tripped_at'])}: {st['why']}")
+        click.echo(_color("TRIPPED", "hardware") + f" since {_iso(st['tripped_at'])}: {jobtext.line(st['why'])}")
         click.echo("  automatic drains are recorded as blocked (alert-only) until `sattr breaker reset`")
     else:
-        click.echo(_color("closed", "none") + (f" (last reset {_iso(st['reset_at'])} by {st['reset_by']})"
-                                               if st["reset_at"] else ""))
+        by = jobtext.line(st["reset_by"])
+        click.echo(_color("closed", "none") + (f" (last reset {_iso(st['reset_at'])} by {by})" if st["reset_at"] else ""))
     mode = "disabled" if not st["enabled"] else ("dry-run (records, drains nothing)" if st["dry_run"] else "enforcing")
     click.echo(f"  mode: {mode}")
     click.echo(f"  drains in window: {st['drains_in_window']} of {st['max_drains']} per {st['window_s']}s")
     for p in st["partitions"]:
-        held = ", ".join(p["drained_by_us"]) or "none"
-        click.echo(f"  partition {p['partition']}: {len(p['drained_by_us'])} of {p['total']} nodes drained by us "
+        held = jobtext.line(", ".join(p["drained_by_us"]) or "none")
+        click.echo(f"  partition {jobtext.line(p['partition'])}: {len(p['drained_by_us'])} of {p['total']} nodes "
+                   "drained by us "
                    f"(max {p['allowed']} at {st['max_partition_percent']:g}%): {held}")
     if st.get("partitions_error"):
-        click.echo(f"  (partition shares unknown: {st['partitions_error']})", err=True)
+        click.echo(f"  (partition shares unknown: {jobtext.line(st['partitions_error'])})", err=True)
 
 
 @breaker.command("reset")
@@ -450,7 +461,7 @@ def breaker_reset(ctx: click.Context, reason: str) -> None:
     was = store.breaker()
     store.reset_breaker(_actor(), reason)
     if was["tripped"]:
-        click.echo(f"breaker reset (was tripped since {_iso(was['tripped_at'])}: {was['why']})")
+        click.echo(f"breaker reset (was tripped since {_iso(was['tripped_at'])}: {jobtext.line(was['why'])})")
     else:
         click.echo("breaker was not tripped; the drain window starts afresh")
 
@@ -523,9 +534,9 @@ def reanalyze(ctx: click.Context, job_ids: tuple[str, ...], since: str | None, a
     else:
         for r in results:
             if r["error"]:
-                click.echo(f"{r['job_id']}: failed: {r['error']}", err=True)
+                click.echo(f"{r['job_id']}: failed: {jobtext.line(r['error'])}", err=True)
             else:
                 change = "" if r["before"] == r["cause"] else f" (was {r['before']})"
-                click.echo(f"{r['job_id']}: {r['cause']}{change}  {r['summary']}")
+                click.echo(jobtext.line(f"{r['job_id']}: {r['cause']}{change}  {r['summary']}"))
     if any(r["error"] for r in results):
         raise SattrError(f"{sum(1 for r in results if r['error'])} job(s) could not be re-analysed")

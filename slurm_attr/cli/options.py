@@ -9,6 +9,7 @@ from typing import Any, Callable
 import click
 
 from .. import config as config_mod
+from .. import jobtext
 from ..errors import ConfigError, NotFound, PermissionDenied, SattrError
 
 # Exit codes: 1 generic failure, 2 usage (click), 3 config error, 4 not found, 5 permission denied.
@@ -24,20 +25,21 @@ class _Fail(click.ClickException):
 
 
 def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn the core's typed errors into one-line messages with distinct exit codes."""
+    """Turn the core's typed errors into one-line messages with distinct exit codes. A
+    message can quote a job's file name or text (a bundle's error), so it is made printable."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
         except ConfigError as err:
-            raise _Fail(f"config: {err}", EXIT_CONFIG) from err
+            raise _Fail(f"config: {jobtext.line(err)}", EXIT_CONFIG) from err
         except NotFound as err:
-            raise _Fail(str(err), EXIT_NOT_FOUND) from err
+            raise _Fail(jobtext.line(err), EXIT_NOT_FOUND) from err
         except PermissionDenied as err:
-            raise _Fail(str(err), EXIT_DENIED) from err
+            raise _Fail(jobtext.line(err), EXIT_DENIED) from err
         except SattrError as err:
-            raise _Fail(str(err), 1) from err
+            raise _Fail(jobtext.line(err), 1) from err
 
     return wrapper
 

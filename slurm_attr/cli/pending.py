@@ -71,9 +71,11 @@ def retry(ctx: click.Context, everything: bool, limit: int, as_json: bool) -> No
 @click.pass_context
 @handle_errors
 def gc(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
-    """Prune old bundles from the spool ([spool] keep_days, max_bytes); never a pending job's.
+    """Prune the spool by job: first a job over its live budget ([live] job_cap_bytes), then
+    jobs older than [spool] keep_days, then the oldest until the spool fits [spool] max_bytes.
 
-    Admins only.
+    Never a pending job's data, nor a running job's live dir; a job with no verdict stored
+    yet is not removed for space. Each line says why. Admins only.
 
     Example:
 
@@ -85,7 +87,8 @@ def gc(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
     _require_admin(cfg, "gc")
     res = gc_mod.collect(cfg, dry_run=dry_run)
     if as_json:
-        echo_json({"removed": res.removed, "kept_pending": res.kept_pending, "bytes_before": res.bytes_before,
+        echo_json({"removed": res.removed, "kept_pending": res.kept_pending,
+                   "kept_unverdicted": res.kept_unverdicted, "bytes_before": res.bytes_before,
                    "bytes_after": res.bytes_after, "errors": res.errors, "dry_run": dry_run})
         return
     verb = "would remove" if dry_run else "removed"
@@ -93,6 +96,8 @@ def gc(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
         click.echo(f"{verb} {r['key']} ({r['bytes']} bytes, {r['why']})")
     for k in res.kept_pending:
         click.echo(f"kept {k}: its job is pending", err=True)
+    for k in res.kept_unverdicted:
+        click.echo(f"kept {k}: no verdict stored for its job yet", err=True)
     for e in res.errors:
         click.echo(f"error: {e}", err=True)
     click.echo(f"spool bundles: {res.bytes_before} -> {res.bytes_after} bytes", err=True)

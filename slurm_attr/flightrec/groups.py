@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from .. import jobtext
 from .loader import DumpSet
 from .types import PgStatus
 
@@ -28,7 +29,10 @@ class Group:
 
     @property
     def label(self) -> str:
-        return f"{self.name} ({self.desc})" if self.desc and self.desc != self.name else self.name
+        """"0 (default_pg)": both the job's names, quoted where more than a plain token, since
+        summaries and headlines embed the label (jobtext.quote)."""
+        name = jobtext.quote(self.name, 80)
+        return f"{name} ({jobtext.quote(self.desc, 80)})" if self.desc and self.desc != self.name else name
 
 
 def world_ranks(ds: DumpSet) -> set[int]:

@@ -1,6 +1,7 @@
 """One self-contained HTML file: the divergence matrix and the findings (no external assets).
 
-Everything that came from a dump is escaped. The culprit cell carries the
+Everything that came from a dump is escaped, and its control characters (ESC, which
+html.escape keeps, bidi overrides) made visible (jobtext.block). The culprit cell carries the
 class ``cell culprit``, the first divergent column's header ``divergent`` and
 a ▼ marker, so the page reads without colour too.
 """
@@ -10,6 +11,7 @@ import html
 import json
 from typing import Any
 
+from .. import jobtext
 from ..model import Coverage, Symptom
 from .matrix import NO_DATA, NO_DUMP, NOT_REACHED, Matrix
 from .symptoms import ranges
@@ -36,7 +38,7 @@ pre { background: #f6f6f6; padding: .5em; overflow-x: auto; }
 
 
 def _e(x: Any) -> str:
-    return html.escape(str(x), quote=True)
+    return html.escape(jobtext.block(x), quote=True)
 
 
 def _matrix_html(m: Matrix) -> str:

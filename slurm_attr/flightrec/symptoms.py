@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from .. import jobtext
 from ..model import Coverage, Evidence, Symptom
 from . import NO_DUMPS
 from .analysis import Analysis, Finding
@@ -107,12 +108,18 @@ def _sig_fields(prefix: str, sig: Sig | None, entry: dict[str, Any] | None) -> d
     return {f"{prefix}_{k}": v for k, v in got.items()}
 
 
+def _op(d: dict[str, Any], key: str) -> str:
+    """A collective's name from a dump (the job's): bare when a plain token, else quoted."""
+    op = d.get(key)
+    return jobtext.quote(op, 80) if op else "?"
+
+
 def _describe(d: dict[str, Any], prefix: str) -> str:
-    op = d.get(f"{prefix}_op") or "?"
+    op = _op(d, f"{prefix}_op")
     sizes = d.get(f"{prefix}_input_sizes")
-    dt = d.get(f"{prefix}_dtypes") or []
+    dt = [jobtext.quote(x, 32) for x in dict.fromkeys(d.get(f"{prefix}_dtypes") or [])]
     stext = ",".join("x".join(map(str, s)) for s in sizes) if sizes is not None else "?"
-    return f"{op} [{stext}] {','.join(dict.fromkeys(dt))}".strip()
+    return f"{op} [{stext}] {','.join(dt)}".strip()
 
 
 class _Builder:
@@ -217,7 +224,8 @@ class _Builder:
         if f.kind == "skip":
             return f"rank {f.rank} skipped {maj} (collective #{f.seq} of {label}): it called {_describe(d, 'culprit')} there, which {others} call next"
         if f.kind == "op":
-            return f"rank {f.rank} called {d.get('culprit_op')} where {others} of {label} called {d.get('majority_op')} (collective #{f.seq})"
+            return (f"rank {f.rank} called {_op(d, 'culprit_op')} where {others} of {label} called "
+                    f"{_op(d, 'majority_op')} (collective #{f.seq})")
         if f.kind in ("size", "dtype"):
             return f"rank {f.rank} passed {_describe(d, 'culprit')} where {others} of {label} passed {maj} (collective #{f.seq})"
         if f.kind == "order":

@@ -13,40 +13,44 @@ Two channels, both driven by this node's watcher (root) against its local ranks:
 Everything under the job dir is the job's, so hostile: the pipe and socket directories are
 opened without following links, only FIFOs / sockets owned by the job's user are used, a
 FIFO is opened O_NONBLOCK (no reader: skipped, never blocks), the socket's server must run
-as the job's user (SO_PEERCRED; a planted link to a system socket is refused before a byte
-is sent), every reply is bounded in bytes and time, and what comes back is parsed, never
-executed. Results go to the live spool (root's), never back into the job dir.
+as the job's user and belong to this step (workerclient.py: SO_PEERCRED, checked before a
+byte is sent), every round is bounded in sockets, bytes held and time (``Limits``), and
+what comes back is decoded within a budget (frjson.py), never executed. A rank whose
+answer is refused gets its reason in the result; the round and the cycle go on. Results
+go to the live spool (root's), never back into the job dir.
 """
 from __future__ import annotations
 
 import errno
-import json
 import os
 import re
-import socket
 import stat
-import struct
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from .. import safefs
 from ..errors import UnsafePath
+from . import frjson
+from .workerclient import Fetch, PeerCheck, Reply, Sockets
 
 PIPE_DIR = "fr"
 PIPE_RE = re.compile(r"^pipe_rank_(\d{1,7})\.pipe$")
-SOCK_DIR = "ws"
-SOCK_RE = re.compile(r"^rank_(\d{1,7})\.sock$")
-MAX_RANKS = 256  # local ranks one node's watcher talks to
+MAX_RANKS = 256  # local FR pipes one node's watcher writes to
 FR_CAP = 16 << 20  # one rank's fr_trace_json (2000 entries with stacks is a few MiB)
 STACK_CAP = 256 << 10
-HEAD_CAP = 16 << 10
-TIMEOUT_S = 3.0  # one request, connect to last byte
 _PIPE_FLAGS = os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
 
 
-class DumpError(Exception):
-    """One rank's channel failed (refused, no answer, too big, not what was asked)."""
+@dataclass
+class Limits:
+    """What one collection or poll may cost the watcher (``[live]`` budgets)."""
+
+    uid: int
+    max_sockets: int = 64
+    timeout_s: float = 10.0  # the whole round, every socket together
+    held_cap: int = 128 << 20  # reply bytes held at once
+    owner: PeerCheck | None = None  # the step check (stepd.Stepd.owns); None: any process
 
 
 # ---- the FR debug pipe ----------------------------------------------------------------
@@ -98,142 +102,6 @@ def _poke(dfd: int, name: str, uid: int) -> str:
         return "sent" if err.errno == errno.EAGAIN else f"write: {os.strerror(err.errno)}"
     finally:
         os.close(fd)
-
-
-# ---- the worker server: a bounded HTTP/1.1 client over a unix socket -------------------
-def _peer_uid(sock: socket.socket) -> int:
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)[1]
-
-
-def post(path: str, handler: str, uid: int | None = None, timeout: float = TIMEOUT_S,
-         cap: int = FR_CAP) -> bytes:
-    """POST /handler/<handler> to the server at ``path``; the body of a 200 reply.
-
-    ``uid``: the server process must run as this user (checked before anything is sent).
-    Raises DumpError on anything else: refused, wrong peer, a reply over ``cap`` bytes or
-    ``timeout`` seconds (one deadline for the whole exchange), a status other than 200."""
-    if not re.fullmatch(r"[a-z_]{1,40}", handler):
-        raise ValueError(f"bad handler {handler!r}")
-    deadline = time.monotonic() + timeout
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | getattr(socket, "SOCK_CLOEXEC", 0))
-    try:
-        sock.settimeout(timeout)
-        try:
-            sock.connect(path)
-        except OSError as err:
-            raise DumpError(f"connect: {err.strerror or err}") from err
-        if uid is not None and (peer := _peer_uid(sock)) != uid:
-            raise DumpError(f"server runs as uid {peer}, not the job's {uid}")
-        req = (f"POST /handler/{handler} HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n"
-               f"Connection: close\r\n\r\n").encode()
-        try:
-            sock.sendall(req)
-        except OSError as err:
-            raise DumpError(f"send: {err.strerror or err}") from err
-        return _read_reply(sock, deadline, cap)
-    finally:
-        sock.close()
-
-
-def _recv(sock: socket.socket, deadline: float, n: int) -> bytes:
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise DumpError("no complete reply in time")
-    sock.settimeout(left)
-    try:
-        return sock.recv(n)
-    except TimeoutError as err:
-        raise DumpError("no complete reply in time") from err
-    except OSError as err:
-        raise DumpError(f"recv: {err.strerror or err}") from err
-
-
-def _read_reply(sock: socket.socket, deadline: float, cap: int) -> bytes:
-    buf = b""
-    while b"\r\n\r\n" not in buf:
-        if len(buf) > HEAD_CAP:
-            raise DumpError("reply headers too long")
-        chunk = _recv(sock, deadline, 4096)
-        if not chunk:
-            raise DumpError("connection closed before the headers")
-        buf += chunk
-    head, _, body = buf.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    m = re.match(r"HTTP/1\.[01] (\d{3})", lines[0])
-    if not m:
-        raise DumpError(f"not an HTTP reply: {lines[0][:80]!r}")
-    headers = {}
-    for ln in lines[1:]:
-        k, sep, v = ln.partition(":")
-        if sep:
-            headers[k.strip().lower()] = v.strip()
-    if "chunked" in headers.get("transfer-encoding", "").lower():
-        raise DumpError("chunked replies are not read")  # torch's server sends Content-Length
-    length: int | None = None
-    if "content-length" in headers:
-        if not headers["content-length"].isdigit():
-            raise DumpError("bad Content-Length")
-        length = int(headers["content-length"])
-        if length > cap:
-            raise DumpError(f"reply of {length} bytes is over the {cap}-byte cap")
-    chunks, got = [body], len(body)
-    while length is None or got < length:
-        if got > cap:
-            raise DumpError(f"reply over the {cap}-byte cap")
-        chunk = _recv(sock, deadline, min(1 << 20, cap + 1 - got if length is None else length - got))
-        if not chunk:
-            if length is None:
-                break
-            raise DumpError(f"reply cut at {got} of {length} bytes")
-        chunks.append(chunk)
-        got += len(chunk)
-    data = b"".join(chunks)
-    if len(data) > cap:
-        raise DumpError(f"reply over the {cap}-byte cap")
-    if m.group(1) != "200":
-        raise DumpError(f"HTTP {m.group(1)}: {data[:120].decode('utf-8', 'replace')}")
-    return data[:length] if length is not None else data
-
-
-@dataclass
-class _Sockets:
-    """The job's ``ws`` directory held open; paths through /proc/self/fd/<fd>."""
-
-    jobdir: str
-    uid: int
-    fd: int = -1
-    ranks: dict[int, str] = field(default_factory=dict)
-    problems: list[str] = field(default_factory=list)
-
-    def __enter__(self) -> "_Sockets":
-        try:
-            self.fd = safefs.open_dir(self.jobdir, SOCK_DIR)
-        except UnsafePath:
-            return self  # no opt-in, or no torch process started a server
-        try:
-            names = os.listdir(self.fd)
-        except OSError as err:
-            self.problems.append(f"ws: {os.strerror(err.errno)}")
-            return self
-        for name in sorted(names)[:safefs.MAX_ENTRIES]:
-            m = SOCK_RE.match(name)
-            if not m or len(self.ranks) >= MAX_RANKS:
-                continue
-            try:
-                st = os.stat(name, dir_fd=self.fd, follow_symlinks=False)
-            except OSError:
-                continue
-            if not stat.S_ISSOCK(st.st_mode) or st.st_uid != self.uid:
-                self.problems.append(f"{name}: not a socket of the job's user")
-                continue
-            self.ranks[int(m.group(1))] = f"/proc/self/fd/{self.fd}/{name}"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
 
 
 # ---- dump_traceback: the line each rank is on -----------------------------------------
@@ -304,93 +172,70 @@ def stuck_at(threads: list[Thread]) -> dict[str, Any] | None:
             "inner": main.frames[0].text(), "depth": len(main.frames)}
 
 
-# ---- fr_trace_json: what each group had enqueued and completed -------------------------
-def fr_status(doc: Any) -> dict[str, list[int]]:
-    """pg id -> [last enqueued, last completed] collective seq.
-
-    From the entries (the highest seq, the highest *retired* seq), which are current; Gloo's
-    ``pg_status`` lags (captured: a rank that had finished collective 3 still said
-    ``last_completed_collective: 2``). ``pg_status`` only for a group with no entry left in
-    the ring."""
-    out: dict[str, list[int]] = {}
-    if not isinstance(doc, dict):
-        return out
-    entries = doc.get("entries")
-    for e in entries[-4096:] if isinstance(entries, list) else ():
-        if not isinstance(e, dict) or e.get("is_p2p") is True:
-            continue
-        seq, pg = e.get("collective_seq_id"), e.get("pg_id")
-        if not isinstance(seq, int) or isinstance(seq, bool) or not isinstance(pg, (int, str)) or len(str(pg)) > 64:
-            continue
-        if str(pg) not in out and len(out) >= 256:
-            continue
-        cur = out.setdefault(str(pg), [0, 0])
-        cur[0] = max(cur[0], seq)
-        if e.get("retired") is True:
-            cur[1] = max(cur[1], seq)
-    st = doc.get("pg_status")
-    for pg, v in list(st.items())[:256] if isinstance(st, dict) else ():
-        if not isinstance(pg, str) or len(pg) > 64 or not isinstance(v, dict) or pg in out:
-            continue
-        try:
-            enq, comp = int(v.get("last_enqueued_collective")), int(v.get("last_completed_collective"))
-        except (TypeError, ValueError):
-            continue
-        out[pg] = [enq, comp]
-    return out
 
 
-def fr_pending(doc: Any) -> str | None:
-    """The first entry not retired (a collective under way), as "gloo:all_reduce #4"."""
-    entries = doc.get("entries") if isinstance(doc, dict) else None
-    for e in (entries or [])[-4096:] if isinstance(entries, list) else ():
-        if isinstance(e, dict) and e.get("retired") is False and e.get("state") != "completed":
-            name = e.get("profiling_name")
-            seq = e.get("collective_seq_id")
-            if isinstance(name, str) and isinstance(seq, int):
-                return f"{name[:64]} #{seq}"
-    return None
+# ---- rounds against the worker servers --------------------------------------------------
+def _round(jobdir: str, lim: Limits, handlers: dict[str, int],
+           on_reply: Callable[[Reply], None]) -> list[str]:
+    """Ask every local server each of ``handlers`` (name -> byte cap), all at once under one
+    deadline; problems with the socket directory itself are returned."""
+    with Sockets(jobdir, lim.uid, lim.max_sockets) as ss:
+        targets = {(rank, h): path for rank, path in ss.ranks.items() for h in handlers}
+        Fetch(targets, uid=lim.uid, deadline=time.monotonic() + lim.timeout_s, caps=handlers,
+              held_cap=lim.held_cap, on_reply=on_reply, accept_peer=lim.owner).run()
+        return ss.problems[:10]
 
 
-def poll_fr(jobdir: str, uid: int, timeout: float = TIMEOUT_S) -> dict[int, dict[str, Any]]:
-    """rank -> {"pg": fr_status, "pend": fr_pending} from every local server (for detection)."""
+def fr_summary(data: bytes | bytearray) -> dict[str, Any]:
+    """{"pg": status, "pend": pending} of one reply; {"error": why} when it is refused."""
+    try:
+        doc = frjson.decode(data)
+    except frjson.FrReplyError as err:
+        return {"error": str(err)[:200]}
+    return {"pg": frjson.status(doc), "pend": frjson.pending(doc)}
+
+
+def poll_fr(jobdir: str, lim: Limits) -> tuple[dict[int, dict[str, Any]], list[str]]:
+    """rank -> {"pg", "pend"} (or {"error"}) from every local server, for detection; and the
+    socket directory's problems."""
     out: dict[int, dict[str, Any]] = {}
-    with _Sockets(jobdir, uid) as ss:
-        for rank, path in ss.ranks.items():
-            try:
-                doc = json.loads(post(path, "fr_trace_json", uid, timeout))
-            except (DumpError, ValueError, OSError):
-                continue
-            out[rank] = {"pg": fr_status(doc), "pend": fr_pending(doc)}
-    return out
+
+    def got(r: Reply) -> None:
+        out[r.key[0]] = fr_summary(r.data) if r.data is not None else {"error": str(r.error)[:200]}
+
+    problems = _round(jobdir, lim, {"fr_trace_json": FR_CAP}, got)
+    return out, problems
 
 
-# ---- one node's pre-kill collection ----------------------------------------------------
-def collect(jobdir: str, uid: int, save: Any, timeout: float = TIMEOUT_S) -> dict[str, Any]:
-    """Trigger the pipes, then pull ``fr_trace_json`` and ``dump_traceback`` from every local
+def collect(jobdir: str, lim: Limits, save: Callable[[str, int, bytes | bytearray], str | None]) -> dict[str, Any]:
+    """Trigger the pipes, then pull ``dump_traceback`` and ``fr_trace_json`` from every local
     worker server. ``save(kind, rank, data)`` stores one item (kind "fr" or "stack") in the
-    spool. Returns what was done, per rank: the stuck line, the FR status, or the error."""
+    spool, or says why it did not (the node's budget). Returns what was done, per rank: the
+    stuck line, the FR status, or why not."""
     t0 = time.monotonic()
-    out: dict[str, Any] = {"pipes": {str(r): s for r, s in trigger_pipes(jobdir, uid).items()}, "ranks": {}}
-    with _Sockets(jobdir, uid) as ss:
-        out["problems"] = ss.problems[:10]
-        for rank, path in sorted(ss.ranks.items()):
-            r: dict[str, Any] = {}
-            try:
-                text = post(path, "dump_traceback", uid, timeout, STACK_CAP).decode("utf-8", "replace")
-                save("stack", rank, text.encode())
-                r["stack"] = stuck_at(parse_traceback(text))
-            except DumpError as err:
-                r["stack_error"] = str(err)[:200]
-            try:
-                data = post(path, "fr_trace_json", uid, timeout, FR_CAP)
-                doc = json.loads(data)
-                if not isinstance(doc, dict):
-                    raise ValueError("not a JSON object")
-                save("fr", rank, data)
-                r["fr"] = {"pg": fr_status(doc), "pend": fr_pending(doc)}
-            except (DumpError, ValueError) as err:
-                r["fr_error"] = str(err)[:200]
-            out["ranks"][str(rank)] = r
+    out: dict[str, Any] = {"pipes": {str(r): s for r, s in trigger_pipes(jobdir, lim.uid).items()}, "ranks": {}}
+
+    def got(r: Reply) -> None:
+        rank, handler = r.key
+        row = out["ranks"].setdefault(str(rank), {})
+        kind = "stack" if handler == "dump_traceback" else "fr"
+        if r.data is None:
+            row[f"{kind}_error"] = str(r.error)[:200]
+            return
+        if kind == "stack":
+            text = r.data.decode("utf-8", "replace")
+            row["stack"] = stuck_at(parse_traceback(text))
+        else:
+            fr = fr_summary(r.data)
+            if "error" in fr:
+                row["fr_error"] = fr["error"]
+                return
+            row["fr"] = fr
+        why = save(kind, rank, r.data)
+        if why:
+            row[f"{kind}_dropped"] = why
+
+    out["problems"] = _round(jobdir, lim, {"dump_traceback": STACK_CAP, "fr_trace_json": FR_CAP}, got)
+    out["ranks"] = dict(sorted(out["ranks"].items(), key=lambda kv: int(kv[0])))
     out["ms"] = round((time.monotonic() - t0) * 1000, 1)
     return out

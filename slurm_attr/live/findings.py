@@ -2,13 +2,18 @@
 = the job's group, 0640. Written only by the step's leading watcher; read by ``sattr``
 (checked: root's, the right job) and by the post-mortem analysis (as untrusted evidence:
 the records behind it are the job's).
+
+The rendering below (``headline``, ``stack_lines``, ``dump_line``, ``lines``) shows fields
+the job chose (FR names, stack frames, RAS text): each goes through jobtext, and a stack's
+file and function are quoted as the job's words where they are more than a plain token.
 """
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Any
 
-from .. import safefs
+from .. import jobtext, safefs
 from ..errors import UnsafePath
 from . import store
 
@@ -73,6 +78,7 @@ def _ranks(rs: list[Any]) -> str:
 def headline(f: dict[str, Any]) -> str:
     """One line: "hang detected 14:02:10: rank 37 never entered all_reduce #812; ranks
     waiting since 14:01:05"."""
+    f = jobtext.deep(f)  # names and summaries in it came from the job's records
     syms = [s for s in f.get("symptoms") or () if isinstance(s, dict)]
     cls = f.get("class")
     if f.get("kind") == "slow":  # S1-S3 (slow.py): the job runs on, only slower
@@ -103,7 +109,20 @@ def stack_lines(stacks: Any, culprits: Any = ()) -> list[str]:
     rows = [s for s in stacks if isinstance(s, dict)] if isinstance(stacks, list) else []
     first = {r for r in culprits or () if isinstance(r, int)}
     rows.sort(key=lambda s: (s.get("rank") not in first, s.get("rank") if isinstance(s.get("rank"), int) else 0))
-    return [f"rank {s.get('rank')} ({s.get('node')}) is at {s.get('at')}" for s in rows[:16]]
+    return [f"rank {jobtext.line(s.get('rank'))} ({jobtext.line(s.get('node'))}) is at {_where(s.get('at'))}"
+            for s in rows[:16]]
+
+
+_AT = re.compile(r"(?P<file>.*):(?P<line>\d{1,9}) in (?P<func>.*)", re.DOTALL)
+
+
+def _where(at: Any) -> str:
+    """A stack's "file:line in func" (dumps.Frame.text) with the file and the function, both
+    the job's, quoted where they are more than a plain token."""
+    m = _AT.fullmatch(at) if isinstance(at, str) else None
+    if m is None:
+        return jobtext.quote(at, 200)
+    return f"{jobtext.quote(m.group('file'), 200)}:{m.group('line')} in {jobtext.quote(m.group('func'), 120)}"
 
 
 def dump_line(d: Any) -> str | None:
@@ -111,11 +130,39 @@ def dump_line(d: Any) -> str | None:
     1 pipe(s) written, 0.41 s after the request"."""
     if not isinstance(d, dict):
         return None
+    d = jobtext.deep(d)
     fr = [r for r in d.get("fr_ranks") or () if isinstance(r, int)]
     lat = d.get("latency_s")
     return (f"dumps {_clock(d.get('requested'))} ({d.get('reason')}): {d.get('nodes_answered')} of "
             f"{d.get('nodes') or '?'} node(s), FR of {_ranks(fr) if fr else 'no rank'}, "
             f"{d.get('pipes_sent', 0)} pipe(s) written" + (f", {lat} s after the request" if lat is not None else ""))
+
+
+def dropped_lines(d: Any) -> list[str]:
+    """What the node's live budget for the job did not keep (budget.py), a few lines."""
+    dropped = [x for x in (d.get("dropped") or []) if isinstance(x, str)] if isinstance(d, dict) else []
+    more = f" (and {len(dropped) - 3} more)" if len(dropped) > 3 else ""
+    return [f"not kept: {jobtext.line(x)}" for x in dropped[:3]] + ([f"not kept:{more}"] if more else [])
+
+
+def cancel_lines(c: Any) -> list[str]:
+    """The cancel's outcome: what was cancelled (an array task by ARRAYJOBID_TASKID), or why not."""
+    if not isinstance(c, dict):
+        return []
+    saved = f", {c.get('gpu_minutes_saved')} GPU-minutes saved" if c.get("gpu_minutes_saved") is not None else ""
+    why = jobtext.line(c.get("why"))
+    if c.get("done"):
+        target = f" {jobtext.line(c['target'])}" if isinstance(c.get("target"), str) else ""
+        out = [f"cancelled{target}: {why}{jobtext.line(saved)}"]
+    elif c.get("refused"):
+        out = [f"not cancelled: Slurm's record no longer matched ({jobtext.line(c['refused'])}); {why}"]
+    elif c.get("error"):
+        out = [f"not cancelled: scancel failed ({jobtext.line(c['error'])}); {why}"]
+    else:
+        out = [f"not cancelled: {why}"]
+    if isinstance(c.get("ras"), str) and c["ras"] not in str(c.get("why")):  # what NCCL's RAS said
+        out.append(f"NCCL RAS: {jobtext.line(c['ras'][:300])}")
+    return out
 
 
 def lines(doc: dict[str, Any]) -> list[str]:
@@ -127,17 +174,14 @@ def lines(doc: dict[str, Any]) -> list[str]:
         out += [f"  {ln}" for ln in stack_lines(f.get("stacks"), f.get("ranks"))]
         if (dl := dump_line(f.get("dumps"))) is not None:
             out.append(f"  {dl}")
-        c = f.get("cancel")
-        if isinstance(c, dict):
-            saved = f", {c.get('gpu_minutes_saved')} GPU-minutes saved" if c.get("gpu_minutes_saved") is not None else ""
-            out.append(f"  {'cancelled' if c.get('done') else 'not cancelled'}: {c.get('why')}{saved}")
-            if isinstance(c.get("ras"), str) and c["ras"] not in str(c.get("why")):  # what NCCL's RAS said
-                out.append(f"  NCCL RAS: {c['ras'][:300]}")
+            out += [f"    {ln}" for ln in dropped_lines(f.get("dumps"))]
+        out += [f"  {ln}" for ln in cancel_lines(f.get("cancel"))]
     for d in doc.get("dumps") or ():
         if (dl := dump_line(d)) is not None:
             out.append(dl)
+            out += [f"  {ln}" for ln in dropped_lines(d)]
             out += [f"  {ln}" for ln in stack_lines(d.get("stacks"))]
     cov = doc.get("coverage")
     if isinstance(cov, str) and cov:
-        out.append(f"live watch: {cov}")
+        out.append(f"live watch: {jobtext.line(cov)}")
     return out

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import jobtext
 from ..probe.comms import iso
 from .detect import ADAPT
 
@@ -94,7 +95,8 @@ def finding(job: str, pg: str, ranks: dict[int, dict[str, Any]], quiet: float, t
     top = max(m["enq"] for m in ranks.values())
     waiting = sorted(r for r, m in ranks.items() if m["enq"] > m["comp"])
     behind = sorted(r for r, m in ranks.items() if m["enq"] < top and m["enq"] == m["comp"])
-    pend = next((ranks[r]["pend"] for r in waiting if ranks[r]["pend"]), None) or f"collective #{top}"
+    pend = next((ranks[r]["pend"] for r in waiting if ranks[r]["pend"]), None)
+    pend = _job_op(pend) if pend else f"collective #{top}"
     if behind:
         cls, cause, culprits, what = "H1", "rank_stuck", behind, f"never entered {pend}"
     else:
@@ -102,8 +104,19 @@ def finding(job: str, pg: str, ranks: dict[int, dict[str, Any]], quiet: float, t
     nodes = sorted({ranks[r]["node"] for r in (culprits or waiting) if isinstance(ranks[r]["node"], str)})
     return {
         "job": job, "detected": iso(now_ns), "detected_ns": now_ns, "class": cls, "cause": cause,
-        "comm": f"pg{pg}", "label": f"pg {pg} (Flight Recorder)", "nranks": len(ranks), "ranks": culprits,
+        "comm": f"pg{pg}", "label": f"pg {jobtext.quote(pg, 64)} (Flight Recorder)", "nranks": len(ranks),
+        "ranks": culprits,
         "nodes": nodes, "waiting_ranks": waiting[:64], "waiting_since": iso(now_ns - int(quiet * 1e9)),
         "quiet_s": round(quiet, 3), "threshold_s": threshold, "what": what, "source": "fr",
         "missing_ranks": [], "symptoms": [],
     }
+
+
+def _job_op(pend: str) -> str:
+    """The collective under way, "gloo:all_reduce #4" (dumps.fr_pending): its name is the
+    job's (the FR entry's profiling_name), so anything but a plain token is quoted as the
+    job's words; a copied kernel line never reads as part of the finding's headline."""
+    name, sep, seq = pend.rpartition(" #")
+    if sep and seq.isdigit():
+        return f"{jobtext.quote(name, 64)} #{seq}"
+    return jobtext.quote(pend, 80)

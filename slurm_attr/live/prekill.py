@@ -23,17 +23,19 @@ from __future__ import annotations
 import os
 import re
 import stat
-import subprocess
 import threading
 import time
 from datetime import datetime
 from typing import Any, Callable
 
 from .. import safefs
-from ..config import Config
-from ..errors import UnsafePath
+from ..config import Config, Live
+from ..errors import SattrError, UnsafePath
 from ..probe.comms import iso
-from . import dumps, ras, store
+from ..slurm.base import from_config
+from ..slurm.cancel import CancelRefused
+from . import budget, dumps, ras, store
+from .workerclient import PeerCheck
 
 REQ_CAP = 64 << 10
 RESULT_CAP = 1 << 20
@@ -57,11 +59,18 @@ def current_seq(live_dir: str, job: str, step: str) -> int:
 
 # ---- the node's side --------------------------------------------------------------------
 class NodeDumps:
-    """Serves the leader's requests on one node (and polls the ranks' FR for frdetect)."""
+    """Serves the leader's requests on one node (and polls the ranks' FR for frdetect),
+    within the node's budgets: sockets, time and reply bytes held per round (dumps.Limits),
+    bytes kept in the live spool for the job (budget.py)."""
 
-    def __init__(self, live_dir: str, job: str, step: str, node: str, jobdir: str):
+    def __init__(self, live_dir: str, job: str, step: str, node: str, jobdir: str,
+                 live: Live | None = None, nnodes: int = 1, owner: PeerCheck | None = None):
         self.live_dir, self.job, self.step, self.node, self.jobdir = live_dir, job, step, node, jobdir
+        self.live = live or Live()
+        self.cap = budget.share(self.live.job_cap_bytes, self.live.node_cap_bytes, nnodes)
+        self.owner = owner
         self.last_poll = float("-inf")
+        self.problems: list[str] = []  # the last poll's, for the node's summary
         self.done_seq = current_seq(live_dir, job, step)  # a request from before this watcher is stale
 
     def job_uid(self) -> int | None:
@@ -71,6 +80,12 @@ class NodeDumps:
         except OSError:
             return None
         return st.st_uid if stat.S_ISDIR(st.st_mode) else None
+
+    def limits(self, uid: int) -> dumps.Limits:
+        # a quarter of the watcher's memory for replies held at once (128 MiB by default): the
+        # rest is the interpreter, a decoded reply (frjson's object cap) and its other steps
+        return dumps.Limits(uid=uid, max_sockets=self.live.max_sockets, timeout_s=self.live.collect_timeout_s,
+                            held_cap=max(dumps.FR_CAP, self.live.watcher_mem_bytes // 4), owner=self.owner)
 
     def pending(self) -> dict[str, Any] | None:
         try:
@@ -91,31 +106,38 @@ class NodeDumps:
         uid = self.job_uid()
         base = f"dumps/{self.step}"
         rel = f"{base}/nodes/{self.node}"
+        kept = budget.NodeBudget.read(self.live_dir, self.node, self.cap)
 
-        def save(kind: str, rank: int, data: bytes) -> None:
-            if kind == "fr":
-                store.write_atomic(self.live_dir, f"{rel}/fr", f"nccl_trace_rank_{rank}.json", data)
-            else:
-                store.write_atomic(self.live_dir, f"{rel}/stacks", f"rank_{rank}.txt", data)
+        def save(kind: str, rank: int, data: bytes | bytearray) -> str | None:
+            sub, name = ("fr", f"nccl_trace_rank_{rank}.json") if kind == "fr" else ("stacks", f"rank_{rank}.txt")
+            if not kept.room_for(f"{rel}/{sub}/{name}", len(data)):
+                return (f"not kept: {len(data)} bytes over this node's live budget for the job "
+                        f"({kept.used()} of {kept.cap} bytes used)")
+            store.write_atomic(self.live_dir, f"{rel}/{sub}", name, data)
+            kept.wrote(f"{rel}/{sub}/{name}", len(data), time.time_ns())
+            return None
 
         res: dict[str, Any] = {"job": self.job, "node": self.node, "seq": req["seq"], "reason": req.get("reason")}
         if uid is None:
             res["error"] = "no job dir"
         else:
-            res.update(dumps.collect(self.jobdir, uid, save))
+            res.update(dumps.collect(self.jobdir, self.limits(uid), save))
+        res["budget"] = {"cap": kept.cap, "used": kept.used(), "dropped": kept.dropped[:20]}
         res["time_ns"] = time.time_ns()
         store.write_json(self.live_dir, base, f"{self.node}.json", res)
         return res
 
     def poll(self, now: float, period: float) -> dict[str, Any] | None:
-        """Every ``period`` seconds: rank -> FR status (None between polls / no servers)."""
+        """Every ``period`` seconds: rank -> FR status or why not (None between polls / no
+        servers); ``self.problems`` says what was wrong with the socket directory."""
         if now - self.last_poll < period:
             return None
         self.last_poll = now
         uid = self.job_uid()
         if uid is None:
             return None
-        return {str(r): v for r, v in dumps.poll_fr(self.jobdir, uid).items()}
+        got, self.problems = dumps.poll_fr(self.jobdir, self.limits(uid))
+        return {str(r): v for r, v in got.items()}
 
 
 # ---- the leader's side ------------------------------------------------------------------
@@ -140,11 +162,15 @@ class LeaderDumps:
     def __init__(self, cfg: Config, job: str, step: str, live_dir: str, nnodes: int,
                  end_ns: int | None = None, gpus: int | None = None,
                  show_job: Callable[[str], dict[str, str] | None] | None = None,
-                 run: Callable[[list[str]], Any] | None = None):
+                 slurm: Any = None, uid: int | None = None, started: float | None = None):
         self.cfg, self.job, self.step, self.live_dir, self.nnodes = cfg, job, step, live_dir, nnodes
         self.end_ns, self.gpus = end_ns, gpus
         self._show = show_job
-        self._run = run or (lambda argv: subprocess.run(argv, capture_output=True, text=True, timeout=15))
+        # What cancels (a SlurmAccess; from the config when first needed) and what it checks the
+        # job's fresh record against: the job's user (given, else Slurm's answer at the start,
+        # _lookup) and when this watcher started, which a later run of the same id cannot match.
+        self._slurm = slurm
+        self.uid, self.started = uid, time.time() if started is None else started
         self.seq = current_seq(live_dir, job, step)
         self.open: dict[str, Any] | None = None  # the request being answered
         self.before_end_done = False
@@ -170,6 +196,10 @@ class LeaderDumps:
         end_ns, gpus = job_facts(show)
         self.end_ns = self.end_ns or end_ns
         self.gpus = gpus if self.gpus is None else self.gpus
+        rec = show or {}
+        m = re.fullmatch(r"[^()]*\((\d+)\)", rec.get("UserId", ""))
+        if self.uid is None and m and rec.get("JobId") == self.job:  # the job's user, as it started
+            self.uid = int(m.group(1))
 
     def request(self, reason: str, finding: dict[str, Any] | None) -> None:
         self.seq += 1
@@ -244,12 +274,13 @@ class LeaderDumps:
                                "gpus": gpus, "remaining_s": round(left_s, 1) if left_s is not None else None,
                                "gpu_minutes_saved": round(gpus * left_s / 60, 1) if left_s is not None else None,
                                "reason": f"slurm-attr: cancelled hung job ({f.get('class')} {f.get('what')}); {why}"[:300]}
-        try:
-            proc = self._run([os.path.join(self.cfg.paths.slurm_bin, "scancel"), self.job])
-            out["done"] = getattr(proc, "returncode", 1) == 0
-            if not out["done"]:
-                out["error"] = str(getattr(proc, "stderr", "") or "")[:200]
-        except (OSError, subprocess.SubprocessError) as err:
+        try:  # re-read from Slurm and checked first; an array task by ARRAYJOBID_TASKID, never the array
+            self._slurm = self._slurm or from_config(self.cfg, timeout=15.0)
+            out["target"] = self._slurm.cancel_job(self.job, self.uid, self.started)
+            out["done"] = True
+        except CancelRefused as err:
+            out["done"], out["refused"] = False, str(err)[:200]
+        except SattrError as err:
             out["done"], out["error"] = False, str(err)[:200]
         return out
 
@@ -289,11 +320,13 @@ def _rank_rows(res: list[Any]) -> list[dict[str, Any]]:
 
 
 def summarize(res: list[dict[str, Any]], req: dict[str, Any], nnodes: int) -> dict[str, Any]:
-    stacks, fr_ranks, pipes, errors = [], [], 0, []
+    stacks, fr_ranks, pipes, errors, dropped = [], [], 0, [], []
     done_ns = 0
     for r in sorted(res, key=lambda x: str(x.get("node"))):
         node = r.get("node") if isinstance(r.get("node"), str) else "?"
         done_ns = max(done_ns, r.get("time_ns") if isinstance(r.get("time_ns"), int) else 0)
+        b = r.get("budget") if isinstance(r.get("budget"), dict) else {}
+        dropped += [f"{node}: {d}"[:200] for d in (b.get("dropped") or [])[:5] if isinstance(d, str)]
         pipes += sum(1 for v in r["pipes"].values() if v == "sent") if isinstance(r.get("pipes"), dict) else 0
         rows = r.get("ranks") if isinstance(r.get("ranks"), dict) else {}
         for rank, rr in sorted(rows.items(), key=lambda kv: int(kv[0]) if str(kv[0]).isdigit() else -1):
@@ -308,7 +341,10 @@ def summarize(res: list[dict[str, Any]], req: dict[str, Any], nnodes: int) -> di
             for k in ("stack_error", "fr_error"):
                 if rr.get(k):
                     errors.append(f"rank {rank}: {rr[k]}"[:200])
+            for k, what in (("fr_dropped", "FR"), ("stack_dropped", "stack")):
+                if rr.get(k):
+                    dropped.append(f"{node}: {what} of rank {rank} {rr[k]}"[:200])
     latency = round((done_ns - req["time_ns"]) / 1e9, 3) if done_ns else None
     return {"seq": req["seq"], "reason": req["reason"], "requested": iso(req["time_ns"]),
             "nodes_answered": len(res), "nodes": nnodes, "pipes_sent": pipes, "fr_ranks": sorted(fr_ranks),
-            "latency_s": latency, "errors": errors[:10], "stacks": stacks}
+            "latency_s": latency, "errors": errors[:10], "dropped": dropped[:10], "stacks": stacks}

@@ -20,33 +20,14 @@ from ..errors import UnsafePath
 from . import classify, findings, slow, store
 from .detect import Tracker
 from .frdetect import FrTracker, poll_period
+from .budget import NodeBudget
+from .host import Host
 from .prekill import LeaderDumps, NodeDumps
 from .nodeview import LocalStall, current, of_another_step, read_local, read_snapshot, summarize
+from .stepd import Stepd
 
 MAX_NODES = 8192
 STALE_CYCLES = 10  # a summary older than this many intervals: its watcher is gone
-
-
-def _proc_start(pid: int) -> str | None:
-    """The process's start time (field 22 of /proc/PID/stat): a pid reused later differs."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read(4096)
-    except OSError:
-        return None
-    return data.rsplit(b")", 1)[-1].split()[19].decode(errors="replace") if b")" in data else None
-
-
-def process_start_ns(pid: int) -> int | None:
-    """When the process started, in wall-clock ns (boot time, 1 s resolution, plus its start
-    in clock ticks); None when unreadable."""
-    start = _proc_start(pid)
-    try:
-        with open("/proc/stat", "rb") as f:
-            btime = next(int(ln.split()[1]) for ln in f.read(65536).splitlines() if ln.startswith(b"btime "))
-        return btime * 10**9 + int(start or "x") * 10**9 // os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, StopIteration, IndexError):
-        return None
 
 
 class Watcher:
@@ -67,7 +48,7 @@ class Watcher:
         self.tracker = Tracker(cfg.live.hang_after_s)
         self.slow = slow.SlowTracker(cfg.live, job, step)  # S1-S3 (slow.py)
         self.snap_digest: dict[str, bytes] = {}
-        self.stepd = (stepd_pid, _proc_start(stepd_pid)) if stepd_pid else None
+        self.stepd = Stepd(stepd_pid) if stepd_pid else None
         self.sum_dir = f"summary/{step}"
         self.step_dir = os.path.join(self.live_dir, "steps", step)  # bundle-shaped snapshots
         self.doc: dict[str, Any] = findings.load_step(cfg.paths.spool, job, step) or {"findings": []}
@@ -78,12 +59,20 @@ class Watcher:
         self.since_ns = since_ns
         # evidence before the kill (prekill.py): every node serves the leader's dump requests
         # and, for jobs without probe records, polls its ranks' FR for frdetect.py
-        self.node_dumps = NodeDumps(self.live_dir, job, step, node, jobdir)
+        # only the ranks of this step answer its watcher (their servers descend from its
+        # slurmstepd): worker sockets carry no step, and every step's watcher saw them all
+        self.node_dumps = NodeDumps(self.live_dir, job, step, node, jobdir, cfg.live, nnodes,
+                                    owner=self.stepd.owns if self.stepd is not None else None)
         self.fr_poll_s = poll_period(cfg.live.interval_s, cfg.live.hang_after_s)
         self.last_fr: dict[str, Any] = {}
         self.fr_tracker = FrTracker(cfg.live.hang_after_s)
+        # a cancel re-reads the job and checks it is still the job's user's run that started
+        # before this step's watcher: the user is the evidence dir's owner (the plugin chowns
+        # it to them; only root could give it away), the start the plugin's fork of the watcher
+        started = since_ns / 1e9 + 2 if since_ns is not None else None
         self.leader_dumps = LeaderDumps(cfg, job, step, self.live_dir, nnodes, end_ns=end_ns, gpus=gpus,
-                                        show_job=show_job) if leader else None
+                                        show_job=show_job, uid=self.node_dumps.job_uid(),
+                                        started=started) if leader else None
 
     # ---- the node's part --------------------------------------------------------------
     def node_cycle(self, now: float) -> dict[str, Any]:
@@ -103,6 +92,10 @@ class Watcher:
             fr = self.node_dumps.poll(now, self.fr_poll_s)
             self.last_fr = fr if fr is not None else self.last_fr
             summary["fr"] = self.last_fr
+            # what a rank's answer could not be used for, and why: the leader's coverage
+            summary["fr_problems"] = (self.node_dumps.problems + [
+                f"rank {r} FR poll: {v['error']}" for r, v in self.last_fr.items()
+                if isinstance(v, dict) and v.get("error")])[:10]
         summary["slow"] = slow.node_part(self.jobdir, current(records))  # collective entry times (S1/S3)
         if self.local.update(summary, now):
             summary["snapshots"] = self._snapshot(sizes)
@@ -113,9 +106,12 @@ class Watcher:
         return summary
 
     def _snapshot(self, sizes: dict[str, int]) -> int:
-        """Copy changed records to nodes/<node>/probe (a stalled job's do not change)."""
+        """Copy changed records to nodes/<node>/probe (a stalled job's do not change), within
+        the node's live budget for the job (they are never dropped for a dump; a record
+        that does not fit is not copied)."""
         written = 0
         rel = f"steps/{self.step}/nodes/{self.node}/probe"
+        kept = NodeBudget.read(self.live_dir, self.node, self.node_dumps.cap)
         for name, size in sizes.items():
             data = read_snapshot(self.jobdir, name, size)
             if data is None:
@@ -123,6 +119,9 @@ class Watcher:
             digest = hashlib.blake2b(data, digest_size=16).digest()
             if self.snap_digest.get(name) == digest:
                 continue
+            if kept.used() + len(data) > kept.cap:
+                continue
+            kept.kept_bytes += len(data)
             store.write_atomic(self.live_dir, rel, name, data)
             self.snap_digest[name] = digest
             written += 1
@@ -168,6 +167,8 @@ class Watcher:
                 new.append(f)
         changed = self._prekill([f for f in new if f.get("kind") != "slow"]) or relinked
         new += self.slow.cycle(sums, self.doc)  # S1-S3: new slow findings, standing ones refreshed
+        problems += [f"{s.get('node')}: {p}" for s in sums for p in (s.get("fr_problems") or [])[:2]
+                     if isinstance(p, str)]
         reporting = f"{len(sums)} of {self.nnodes or '?'} node(s) reporting"
         cov = "; ".join([reporting] + problems[:3])
         if new or changed or cov != self.doc.get("coverage"):
@@ -180,10 +181,7 @@ class Watcher:
     def step_alive(self) -> bool:
         if not os.path.isdir(self.jobdir):
             return False
-        if self.stepd is not None:
-            start = _proc_start(self.stepd[0])
-            return start is not None and start == self.stepd[1]
-        return True
+        return self.stepd.alive() if self.stepd is not None else True
 
     def _prekill(self, hangs: list[dict[str, Any]]) -> bool:
         """The leader asks every node for dumps on a new hang or before the job's end, and
@@ -230,7 +228,7 @@ class Watcher:
         if other is not None:
             if self.yielded != other:  # nothing of ours may look current meanwhile
                 self.yielded = other
-                self._leave()
+                self.leave()
             return []
         if self.yielded is not None:  # back from stepping aside: that step's records are not ours
             self.yielded, self.since_ns = None, time.time_ns()
@@ -243,25 +241,19 @@ class Watcher:
         return new
 
     def run(self, max_cycles: int | None = None) -> None:
-        interval = self.cfg.live.interval_s
-        try:
-            while self.step_alive() and (max_cycles is None or self.cycles < max_cycles):
-                t0 = self.clock()
-                try:
-                    self.cycle()
-                except Exception as err:  # noqa: BLE001 - one bad cycle must not end the watch
-                    self._note(f"cycle failed: {type(err).__name__}: {err}")
-                time.sleep(max(0.05, interval - (self.clock() - t0)))
-        finally:
-            self._leave()
+        """Watch this step alone until it ends (or ``max_cycles``): the tests' and a hand-started
+        watcher's loop; the plugin's watchers run through host.py, which may hold several."""
+        h = Host(self.cfg.live.interval_s, lambda a: self, clock=self.clock)
+        h.add(self)
+        h.run(max_cycles)
 
-    def _note(self, text: str) -> None:
+    def note(self, text: str) -> None:
         try:
             store.write_json(self.live_dir, self.sum_dir, f"{self.node}.err", {"node": self.node, "error": text[:500]})
         except OSError:
             pass
 
-    def _leave(self) -> None:
+    def leave(self) -> None:
         """The node's summary and snapshots go with the step; the findings stay."""
         for rel in (f"{self.sum_dir}/{self.node}.json", f"{self.sum_dir}/{self.node}.err"):
             try:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from .. import jobtext
 from ..bundle import Bundle
 from ..model import Evidence, Symptom
 from . import layout as L
@@ -46,9 +47,11 @@ class Comm:
 
     @property
     def label(self) -> str:
-        """The name its lowest rank gave it, and the hash (how NCCL's RAS names it too)."""
+        """The name its lowest rank gave it, and the hash (how NCCL's RAS names it too). The
+        name is the job's: quoted where it is more than a plain token ("world" stays bare),
+        so it never reads as words of the summaries and headlines that embed the label."""
         name = self.members[min(self.members)].name
-        return f"{name} {self.hash:016x}" if name else f"{self.hash:016x}"
+        return f"{jobtext.quote(name, 64)} {self.hash:016x}" if name else f"{self.hash:016x}"
 
     def last_activity_ns(self, cranks: list[int] | None = None) -> int | None:
         """The latest event of the given members (all by default) on this communicator."""

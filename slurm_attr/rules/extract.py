@@ -12,6 +12,7 @@ import re
 from dataclasses import fields as dc_fields
 from typing import Any, Iterable, Optional, Sequence
 
+from .. import jobtext
 from ..model import ACTION_KINDS, CAUSES, ROLES, TRUSTED_SOURCES, Evidence, Symptom
 from .catalog import NUMERIC, Catalog, Rule
 from .template import fill
@@ -20,6 +21,7 @@ from .scan import RawHit, matches, nccl_origin, parse_time, rank_prefix
 MAX_EVIDENCE = 5  # lines kept per de-duplicated symptom; the rest are counted
 MAX_TEXT = 2000  # characters of one evidence line kept in a verdict
 MAX_PER_RULE = 1000  # distinct findings of one rule per file: a flood is still bounded
+SUMMARY_TEXT = 120  # characters of one job-written field in a summary (the evidence keeps the line)
 
 _BDF = re.compile(r"^(?:PCI:)?(?:(?P<dom>[0-9A-Fa-f]{4,8}):)?(?P<bus>[0-9A-Fa-f]{2}):(?P<dev>[0-9A-Fa-f]{2})(?:\.[0-7])?$")
 
@@ -47,9 +49,14 @@ def _normalize_gpu(value: str) -> str:
 
 def render_summary(template: str, sym: Symptom) -> str:
     """Fill a summary template from the symptom's fields; a missing field is left out with the
-    words that introduce it, never shown as '?' (template.fill)."""
+    words that introduce it, never shown as '?' (template.fill). In an untrusted symptom the
+    text fields are the job's words (a message, a reason, a path): quoted where they are more
+    than a plain token, first line only and bounded (jobtext.quote), so a kernel line copied
+    into the job's output never reads as part of a summary, or a verdict's headline, of ours."""
     values = dict(sym.fields)
     values.update({k: v for k, v in (("node", sym.node), ("rank", sym.rank), ("gpu", sym.gpu)) if v is not None})
+    if not sym.trusted:
+        values = {k: jobtext.quote(v, SUMMARY_TEXT) if isinstance(v, str) else v for k, v in values.items()}
     return fill(template, values)
 
 

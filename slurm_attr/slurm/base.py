@@ -35,6 +35,11 @@ class SlurmAccess(Protocol):
 
     def reboot(self, node: str, reason: str, nextstate: str = "DOWN") -> None: ...
 
+    def cancel_job(self, job_id: str, uid: int | None, started: float) -> str:
+        """scancel the running job a watcher was started for, exactly: its raw id re-read from
+        slurmctld first (cancel.cancel_target); returns what was cancelled (an array task as
+        ``ARRAYJOBID_TASKID``). CancelRefused when a check fails, SlurmError when Slurm did."""
+
 
 def default_backend(slurm_bin: str, slurm_conf: str, timeout: float = 15.0,
                     comment_tool: str = "", backend: str = "auto") -> "SlurmAccess":

@@ -13,6 +13,7 @@ import subprocess
 from typing import Any
 
 from ..errors import SlurmError, SlurmUnavailable
+from .cancel import cancel_target
 
 # `scontrol -o show job` prints `Key=Value Key=Value ...`; values may hold spaces
 # (Comment=, Command=), so split only where a new `Key=` starts.
@@ -113,6 +114,13 @@ class CliSlurm:
             if rec.get("JobId") == job_id or f"{rec.get('ArrayJobId')}_{rec.get('ArrayTaskId')}" == job_id:
                 return rec
         return parse_oneliner(lines[0]) if lines else None
+
+    def cancel_job(self, job_id: str, uid: int | None, started: float) -> str:
+        """SlurmAccess.cancel_job: the record re-read, checked (cancel.cancel_target), then
+        scancel of exactly the task or job it names."""
+        target = cancel_target(self.show_job(job_id), job_id, uid, started)
+        self.run("scancel", target)
+        return target
 
     def sacct_job(self, job_id: str) -> dict[str, str] | None:
         out = self.run("sacct", "-n", "-P", "-X", "-j", job_id, "-o", ",".join(SACCT_FIELDS))

@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from ..errors import SlurmError, SlurmUnavailable
 from .cli import SACCT_FIELDS, CliSlurm
+from .outages import OUTAGES
 
 log = logging.getLogger("slurm_attr")
 
@@ -199,9 +200,11 @@ class PyslurmSlurm:
     def _call(self, what: str, fn: Callable[[], Any], fallback: Callable[[], Any], bounded: bool = False) -> Any:
         """fn() with pyslurm's errors typed as the CLI's; anything else pyslurm raises is a
         surprise of the binding itself: logged, and the CLI answers instead. ``bounded``: run
-        it in a child under the backend's timeout (accounting calls; fn's result is JSON)."""
+        it in a child under the backend's timeout (accounting calls; fn's result is JSON).
+        A failing binding is logged once per outage (``OUTAGES``), not once per call."""
+        kind = "accounting" if bounded else "controller"
         try:
-            return self._bounded(what, fn) if bounded and self.isolate else fn()
+            got = self._bounded(what, fn) if bounded and self.isolate else fn()
         except self.ps.RPCError as err:
             msg = str(err)
             cls = SlurmUnavailable if any(s in msg for s in _UNREACHABLE) else SlurmError
@@ -209,8 +212,10 @@ class PyslurmSlurm:
         except (SlurmError, MemoryError):
             raise
         except Exception as err:  # noqa: BLE001 - the binding, not Slurm, failed: use the CLI
-            log.warning("pyslurm %s failed (%s: %s); using the Slurm CLI", what, type(err).__name__, err)
+            OUTAGES.failed(kind, what, err)
             return fallback()
+        OUTAGES.worked(kind)
+        return got
 
     def _bounded(self, what: str, fn: Callable[[], Any]) -> Any:
         """fn() in a forked child, given up after ``self.timeout``. A slurmdbd that stopped
@@ -276,6 +281,10 @@ class PyslurmSlurm:
     # -- jobs -----------------------------------------------------------------------
     def show_job(self, job_id: str) -> dict[str, str] | None:
         return self.cli.show_job(job_id)
+
+    def cancel_job(self, job_id: str, uid: int | None, started: float) -> str:
+        # The check reads scontrol's record (show_job is the CLI's here too); one path, one test.
+        return self.cli.cancel_job(job_id, uid, started)
 
     def _db_jobs(self, job_ids: list[str]) -> dict[str, Any]:
         """{asked id: pyslurm.db.Job} for ids accounting knows (A_T: that array task)."""

@@ -142,9 +142,10 @@ SATTR_HIDDEN int sattr_jobdir_usable(const char *evidence_root, const char *job_
 #define SATTR_WATCH_ARGS 32
 struct sattr_watch_req {
 	const char *exe;      /* cfg->live_watcher */
-	const char *job_id, *step, *nodelist, *jobdir, *config;
+	const char *job_id, *step, *jobdir, *config;
 	unsigned int nodeid, nnodes, gid;
-	pid_t stepd_pid;      /* the watcher ends when this process does */
+	/* the step's slurmstepd: the watcher learns its node from it and ends with it */
+	pid_t stepd_pid;
 };
 struct sattr_watch_cmd {
 	char *argv[SATTR_WATCH_ARGS];

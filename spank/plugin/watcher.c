@@ -26,7 +26,7 @@
 
 void sattr_watcher_start(spank_t sp, const struct sattr_config *cfg)
 {
-	char job_id[SATTR_ID_MAX], step[SATTR_ID_MAX], nodes[1024], jobdir[SATTR_PATH_MAX + 16];
+	char job_id[SATTR_ID_MAX], step[SATTR_ID_MAX], jobdir[SATTR_PATH_MAX + 16];
 	char err[SATTR_NOTE_MAX];
 	uint32_t task = 1, stepid = 0, nodeid = 0, nnodes = 0;
 	gid_t gid = 0;
@@ -54,11 +54,9 @@ void sattr_watcher_start(spank_t sp, const struct sattr_config *cfg)
 		return;
 	else
 		snprintf(step, sizeof(step), "%u", stepid);
-	if (spank_getenv(sp, "SLURM_STEP_NODELIST", nodes, sizeof(nodes)) != ESPANK_SUCCESS &&
-	    spank_getenv(sp, "SLURM_NODELIST", nodes, sizeof(nodes)) != ESPANK_SUCCESS) {
-		sattr_error("job %s: live watcher: no step node list; not started", job_id);
-		return;
-	}
+	/* No node list from the task's environment: that is the user's (Slurm sets none for the
+	 * batch step, so an exported SLURM_STEP_NODELIST reached the watcher). The watcher reads
+	 * its node's name from slurmstepd's own socket (slurm_attr/live/stepd.py). */
 	if (sattr_jobdir_path(cfg, job_id, jobdir, sizeof(jobdir)) != 0)
 		return;
 	/* slurmstepd's own environment (the site's), not the task's (the user's) */
@@ -67,7 +65,6 @@ void sattr_watcher_start(spank_t sp, const struct sattr_config *cfg)
 	req.exe = cfg->live_watcher;
 	req.job_id = job_id;
 	req.step = step;
-	req.nodelist = nodes;
 	req.jobdir = jobdir;
 	req.config = conf != NULL && sattr_path_is_clean_abs(conf) ? conf : NULL;
 	req.nodeid = nodeid;

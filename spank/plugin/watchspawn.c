@@ -48,7 +48,7 @@ static int sattr_add(struct sattr_watch_cmd *c, const char *fmt, ...)
 }
 
 /* Names and ids that become arguments: nothing a shell or our parser could misread. */
-static int sattr_word_ok(const char *s, int list)
+static int sattr_word_ok(const char *s)
 {
 	size_t i, n = strlen(s);
 
@@ -57,8 +57,7 @@ static int sattr_word_ok(const char *s, int list)
 	for (i = 0; i < n; i++) {
 		char ch = s[i];
 		if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-		      ch == '-' || ch == '_' || ch == '.' ||
-		      (list && (ch == '[' || ch == ']' || ch == ','))))
+		      ch == '-' || ch == '_' || ch == '.'))
 			return 0;
 	}
 	return 1;
@@ -67,14 +66,13 @@ static int sattr_word_ok(const char *s, int list)
 int sattr_watch_cmd_build(const struct sattr_watch_req *r, struct sattr_watch_cmd *c)
 {
 	memset(c, 0, sizeof(*c));
-	if (r->exe == NULL || !sattr_path_is_clean_abs(r->exe) || !sattr_word_ok(r->job_id, 0) ||
-	    !sattr_word_ok(r->step, 0) || !sattr_word_ok(r->nodelist, 1) ||
+	if (r->exe == NULL || !sattr_path_is_clean_abs(r->exe) || !sattr_word_ok(r->job_id) ||
+	    !sattr_word_ok(r->step) ||
 	    r->jobdir == NULL || !sattr_path_is_clean_abs(r->jobdir))
 		return -1;
 	if (sattr_add(c, "%s", r->exe) || sattr_add(c, "watch") ||
 	    sattr_add(c, "--job") || sattr_add(c, "%s", r->job_id) ||
 	    sattr_add(c, "--step") || sattr_add(c, "%s", r->step) ||
-	    sattr_add(c, "--nodelist") || sattr_add(c, "%s", r->nodelist) ||
 	    sattr_add(c, "--nodeid") || sattr_add(c, "%u", r->nodeid) ||
 	    sattr_add(c, "--nnodes") || sattr_add(c, "%u", r->nnodes) ||
 	    sattr_add(c, "--jobdir") || sattr_add(c, "%s", r->jobdir) ||

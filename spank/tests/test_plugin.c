@@ -318,9 +318,12 @@ static void test_live_partitions(void)
 	fake.node_id = 0;
 	fake_env_put("SLURM_NODELIST", "n[1-2]");
 	fake_env_put("SLURM_JOB_PARTITION", "live");
+	/* the user's SLURM_STEP_NODELIST (Slurm sets none for the batch step) reaches no argument */
+	fake_env_put("SLURM_STEP_NODELIST", "n3");
 	CHECK(call("slurm_spank_init", 4, av) == 0);
 	CHECK(call("slurm_spank_task_init_privileged", 4, av) == 0);
-	CHECK(file_has_line(log, "--job 1405 --step batch --nodelist n[1-2] --nodeid 0 --nnodes 1 ", 5000));
+	CHECK(file_has_line(log, "--job 1405 --step batch --nodeid 0 --nnodes 1 ", 5000));
+	CHECK(!file_has_line(log, "n3", 0));
 	CHECK(file_has_line(log, "--job 1405 ", 0) && file_has_line(log, " --leader", 0));
 }
 

@@ -18,7 +18,6 @@ static struct sattr_watch_req req(void)
 	r.exe = "/usr/libexec/slurm-attr/live-watch";
 	r.job_id = "1234";
 	r.step = "0";
-	r.nodelist = "n[1-4]";
 	r.jobdir = "/var/tmp/slurm_attr/1234";
 	r.nodeid = 0;
 	r.nnodes = 4;
@@ -33,26 +32,26 @@ static void test_cmd(void)
 	struct sattr_watch_cmd c;
 
 	CHECK(sattr_watch_cmd_build(&r, &c) == 0);
-	CHECK(c.argc == 19);
+	CHECK(c.argc == 17);
 	CHECK_STR(c.argv[0], "/usr/libexec/slurm-attr/live-watch");
 	CHECK_STR(c.argv[1], "watch");
 	CHECK_STR(c.argv[5], "0");
-	CHECK_STR(c.argv[7], "n[1-4]");
-	CHECK_STR(c.argv[17], "4321");
-	CHECK_STR(c.argv[18], "--leader");
-	CHECK(c.argv[19] == NULL);
+	CHECK_STR(c.argv[6], "--nodeid");
+	CHECK_STR(c.argv[15], "4321");
+	CHECK_STR(c.argv[16], "--leader");
+	CHECK(c.argv[17] == NULL);
 	/* near miss: node 1 is no leader; a config path is passed on */
 	r.nodeid = 1;
 	r.config = "/etc/slurm/slurm_attr.toml";
 	CHECK(sattr_watch_cmd_build(&r, &c) == 0);
-	CHECK(c.argc == 20);
-	CHECK_STR(c.argv[18], "--config");
+	CHECK(c.argc == 18);
+	CHECK_STR(c.argv[16], "--config");
 	/* refused: values that could be read as options or split, relative paths */
 	r = req();
-	r.nodelist = "--leader";
+	r.step = "--leader";
 	CHECK(sattr_watch_cmd_build(&r, &c) == -1);
 	r = req();
-	r.nodelist = "n1 n2";
+	r.step = "0 1";
 	CHECK(sattr_watch_cmd_build(&r, &c) == -1);
 	r = req();
 	r.job_id = "12;rm";

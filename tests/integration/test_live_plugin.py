@@ -127,7 +127,7 @@ def test_plugin_watchers_cancel_a_hang_the_probe_and_ras_agree_on(cluster):
     assert ras.served == 2, ras.commands  # op counts only: RAS is asked twice (frozen, not moving)
     assert state == "CANCELLED", state
     out = cluster.sattr("live", job, check=True).stdout
-    assert "never entered AllReduce #300" in out and "  cancelled: NCCL RAS" in out, out
+    assert "never entered AllReduce #300" in out and f"  cancelled {job}: NCCL RAS" in out, out
     end = cluster.sacct(job, "End")["End"]
     print(f"\nplugin watchers, nonentry: H1 rank 3 on {nodes[0]} {_latency(f):.2f} s after the stall "
           f"(hang_after_s = {HANG_AFTER_S}); cancelled (probe + RAS), job end {end}; "

@@ -273,7 +273,7 @@ def test_the_batch_steps_watcher_steps_aside_while_an_srun_step_watches_its_node
     # the srun step ends (its watchers leave): the batch watcher reads again, but not the
     # records that step left behind, frozen where it was killed
     for w in sim.watchers[:-1]:
-        w._leave()
+        w.leave()
     sim.watchers = [batch]
     assert sim.run(20) == [] and batch.yielded is None and batch.since_ns is not None
     assert (live / "summary" / "batch" / f"{n0}.json").exists()

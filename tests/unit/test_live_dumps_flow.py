@@ -19,6 +19,7 @@ from slurm_attr.config import Config, ConfigError, from_dict
 from slurm_attr.live import findings, prekill, prekillevidence
 from slurm_attr.live.frdetect import FrTracker
 from slurm_attr.live.watcher import Watcher
+from slurm_attr.slurm.cli import CliSlurm
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "live_dumps"
 
@@ -199,13 +200,19 @@ def test_cancel_runs_scancel_and_counts_gpu_minutes(tmp_path):
     cfg.paths.slurm_bin = "/opt/slurm/bin"
     calls = []
 
-    class P:
-        returncode, stderr = 0, ""
+    class Slurm(CliSlurm):  # the job still RUNNING as the watcher's user; scancel recorded
+        def show_job(self, job_id):
+            start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 60))
+            return {"JobId": job_id, "JobState": "RUNNING", "UserId": "u(1001)", "StartTime": start}
+
+        def run(self, tool, *args):
+            calls.append([os.path.join(self.slurm_bin, tool), *args])
+            return ""
 
     ld = prekill.LeaderDumps(cfg, "81", "0", str(tmp_path), 1, end_ns=time.time_ns() + 600 * 10**9, gpus=8,
-                             run=lambda argv: calls.append(argv) or P())
+                             slurm=Slurm(slurm_bin=cfg.paths.slurm_bin), uid=1001)
     c = ld.cancel({"source": "summary", "class": "H1", "what": "never entered AllReduce #9"}, _res(True))
-    assert calls == [["/opt/slurm/bin/scancel", "81"]] and c["done"] is True
+    assert calls == [["/opt/slurm/bin/scancel", "81"]] and c["done"] is True and c["target"] == "81"
     assert 79.0 <= c["gpu_minutes_saved"] <= 80.0  # 8 GPUs x ~10 minutes left
     assert "never entered AllReduce #9" in c["reason"]
     calls.clear()

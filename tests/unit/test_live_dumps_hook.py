@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_attr.live import dumps
+from slurm_attr.live import workerclient
 
 HOOK = Path(__file__).resolve().parents[2] / "slurm_attr" / "live" / "pyhook"
 
@@ -52,7 +52,7 @@ def _serving(d: str, sock: str, **extra: str) -> tuple[subprocess.Popen, bytes |
     reply = None
     for _ in range(100):  # the server binds in its own thread: poll a bounded number of times
         if os.path.exists(sock):
-            reply = dumps.post(sock, "ping", os.getuid())
+            reply = workerclient.post(sock, "ping", os.getuid())
             break
         time.sleep(0.05)
     return p, reply
@@ -68,7 +68,7 @@ def test_a_torch_process_serves_at_its_rank_socket_and_a_child_does_not_take_it(
         c, _ = _serving(d, f"{d}/never", SLURM_ATTR_WS_OWNER=f"{p.pid}:{d}/ws/rank_3.sock")
         c.kill()
         c.wait()
-        assert dumps.post(f"{d}/ws/rank_3.sock", "ping", os.getuid()) == b"pong"
+        assert workerclient.post(f"{d}/ws/rank_3.sock", "ping", os.getuid()) == b"pong"
         assert sorted(os.listdir(f"{d}/ws")) == ["rank_3.sock"]
     finally:
         p.kill()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from unix_servers import UnixServer
 
-from slurm_attr.live import dumps
+from slurm_attr.live import dumps, frjson, workerclient
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "live_dumps"
 UID = os.getuid()
@@ -141,18 +141,23 @@ def test_traceback_garbage_gives_no_line():
     assert dumps.stuck_at(dumps.parse_traceback(text)) is None
 
 
+def _fr(doc: dict) -> frjson.FrDoc:
+    return frjson.decode(json.dumps(doc).encode())
+
+
 def test_fr_status_from_captured_reply():
     body = (FIX / "fr_trace_json_rank0.json").read_bytes()
-    doc = json.loads(body)
-    assert dumps.fr_status(doc) == {"0": [4, 3]}
-    assert dumps.fr_pending(doc) == "gloo:all_reduce #4"
+    doc = frjson.decode(body)
+    assert frjson.status(doc) == {"0": [4, 3]}
+    assert frjson.pending(doc) == "gloo:all_reduce #4"
     # near miss: the rank that completed everything it enqueued has nothing pending
-    done = json.loads((FIX / "fr_trace_json_rank1.json").read_bytes())
-    assert done["pg_status"]["0"]["last_completed_collective"] == "2"  # Gloo's status lags...
-    assert (dumps.fr_status(done), dumps.fr_pending(done)) == ({"0": [3, 3]}, None)  # ...the entries do not
-    assert dumps.fr_status({"pg_status": {"0": {"last_enqueued_collective": "x"}}}) == {}
-    assert dumps.fr_status({"pg_status": {"7": {"last_enqueued_collective": "5",
-                                                "last_completed_collective": "4"}}}) == {"7": [5, 4]}
+    raw = (FIX / "fr_trace_json_rank1.json").read_bytes()
+    assert json.loads(raw)["pg_status"]["0"]["last_completed_collective"] == "2"  # Gloo's status lags...
+    done = frjson.decode(raw)
+    assert (frjson.status(done), frjson.pending(done)) == ({"0": [3, 3]}, None)  # ...the entries do not
+    assert frjson.status(_fr({"pg_status": {"0": {"last_enqueued_collective": "x"}}})) == {}
+    assert frjson.status(_fr({"pg_status": {"7": {"last_enqueued_collective": "5",
+                                                  "last_completed_collective": "4"}}})) == {"7": [5, 4]}
 
 
 # ---- the HTTP client against hostile servers -------------------------------------------
@@ -183,7 +188,7 @@ def short_dir():
 def test_client_reads_a_bounded_reply(short_dir):
     srv = FakeServer(f"{short_dir}/a.sock", b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\npong")
     try:
-        assert dumps.post(f"{short_dir}/a.sock", "ping", UID) == b"pong"
+        assert workerclient.post(f"{short_dir}/a.sock", "ping", UID) == b"pong"
     finally:
         srv.close()
 
@@ -192,11 +197,11 @@ def test_client_refuses_an_oversized_reply(short_dir):
     srv = FakeServer(f"{short_dir}/a.sock", b"HTTP/1.1 200 OK\r\nContent-Length: 999999999\r\n\r\nxx")
     srv2 = FakeServer(f"{short_dir}/b.sock", b"HTTP/1.1 200 OK\r\n\r\n" + b"x" * 5000)  # no length, to EOF
     try:
-        with pytest.raises(dumps.DumpError, match="cap"):
-            dumps.post(f"{short_dir}/a.sock", "fr_trace_json", UID, cap=1000)
-        with pytest.raises(dumps.DumpError, match="cap"):
-            dumps.post(f"{short_dir}/b.sock", "fr_trace_json", UID, cap=1000)
-        assert len(dumps.post(f"{short_dir}/b.sock", "fr_trace_json", UID, cap=6000)) == 5000
+        with pytest.raises(workerclient.DumpError, match="cap"):
+            workerclient.post(f"{short_dir}/a.sock", "fr_trace_json", UID, cap=1000)
+        with pytest.raises(workerclient.DumpError, match="cap"):
+            workerclient.post(f"{short_dir}/b.sock", "fr_trace_json", UID, cap=1000)
+        assert len(workerclient.post(f"{short_dir}/b.sock", "fr_trace_json", UID, cap=6000)) == 5000
     finally:
         srv.close()
         srv2.close()
@@ -205,8 +210,8 @@ def test_client_refuses_an_oversized_reply(short_dir):
 def test_client_gives_up_on_a_server_that_never_answers(short_dir):
     srv = FakeServer(f"{short_dir}/a.sock", None)
     try:
-        with pytest.raises(dumps.DumpError, match="in time"):
-            dumps.post(f"{short_dir}/a.sock", "dump_traceback", UID, timeout=0.5)
+        with pytest.raises(workerclient.DumpError, match="in time"):
+            workerclient.post(f"{short_dir}/a.sock", "dump_traceback", UID, timeout=0.5)
     finally:
         srv.close()
 
@@ -214,8 +219,8 @@ def test_client_gives_up_on_a_server_that_never_answers(short_dir):
 def test_client_refuses_a_server_of_another_user_before_sending(short_dir):
     srv = FakeServer(f"{short_dir}/a.sock", None)
     try:
-        with pytest.raises(dumps.DumpError, match=f"uid {UID}, not the job's {OTHER_UID}"):
-            dumps.post(f"{short_dir}/a.sock", "ping", OTHER_UID, timeout=5)
+        with pytest.raises(workerclient.DumpError, match=f"uid {UID}, not the job's {OTHER_UID}"):
+            workerclient.post(f"{short_dir}/a.sock", "ping", OTHER_UID, timeout=5)
         time.sleep(0.1)
         assert all(c.recv(1, socket.MSG_DONTWAIT) == b"" for c in srv.conns)  # closed, nothing sent
     finally:
@@ -226,10 +231,10 @@ def test_client_reports_http_errors_and_non_http(short_dir):
     a = FakeServer(f"{short_dir}/a.sock", b"HTTP/1.1 404 Not Found\r\nContent-Length: 3\r\n\r\nno!")
     b = FakeServer(f"{short_dir}/b.sock", b"SSH-2.0-OpenSSH\r\n\r\n")
     try:
-        with pytest.raises(dumps.DumpError, match="HTTP 404"):
-            dumps.post(f"{short_dir}/a.sock", "nope", UID)
-        with pytest.raises(dumps.DumpError, match="not an HTTP reply"):
-            dumps.post(f"{short_dir}/b.sock", "ping", UID)
+        with pytest.raises(workerclient.DumpError, match="HTTP 404"):
+            workerclient.post(f"{short_dir}/a.sock", "nope", UID)
+        with pytest.raises(workerclient.DumpError, match="not an HTTP reply"):
+            workerclient.post(f"{short_dir}/b.sock", "ping", UID)
     finally:
         a.close()
         b.close()
@@ -240,7 +245,7 @@ def test_symlinked_socket_is_not_used(short_dir):
     srv = FakeServer(f"{short_dir}/real.sock", b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\npong")
     os.symlink(f"{short_dir}/real.sock", f"{short_dir}/ws/rank_0.sock")
     try:
-        res = dumps.collect(short_dir, UID, lambda *a: None)
+        res = dumps.collect(short_dir, dumps.Limits(UID), lambda *a: None)
         assert res["ranks"] == {} and res["problems"] == ["rank_0.sock: not a socket of the job's user"]
         assert srv.conns == []
     finally:
@@ -286,16 +291,16 @@ def torch_server(tmp_path_factory):
 
 def test_real_worker_server_ping_and_collect(torch_server):
     d, script = torch_server
-    assert dumps.post(f"{d}/ws/rank_0.sock", "ping", UID) == b"pong"
+    assert workerclient.post(f"{d}/ws/rank_0.sock", "ping", UID) == b"pong"
     saved: dict[tuple[str, int], bytes] = {}
-    res = dumps.collect(d, UID, lambda kind, rank, data: saved.__setitem__((kind, rank), data))
+    res = dumps.collect(d, dumps.Limits(UID), lambda kind, rank, data: saved.__setitem__((kind, rank), bytes(data)))
     r = res["ranks"]["0"]
     assert r["stack"]["at"] == f"{script}:11 in park_here", r
     assert r["fr"]["pg"] == {"0": [1, 1]} and r["fr"]["pend"] is None
     assert json.loads(saved[("fr", 0)])["entries"][0]["profiling_name"] == "gloo:all_reduce"
     assert b"park_here" in saved[("stack", 0)]
     # near miss: the same server, but the job's user is someone else -> nothing pulled
-    res2 = dumps.collect(d, OTHER_UID, lambda *a: None)
+    res2 = dumps.collect(d, dumps.Limits(OTHER_UID), lambda *a: None)
     assert res2["ranks"] == {} and res2["problems"]
 
 
@@ -304,8 +309,8 @@ def test_symlinked_socket_dir_is_not_followed(short_dir):
     srv = FakeServer(f"{short_dir}/real/rank_0.sock", b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\npong")
     os.symlink(f"{short_dir}/real", f"{short_dir}/ws")
     try:
-        assert dumps.collect(short_dir, UID, lambda *a: None)["ranks"] == {}
-        assert dumps.poll_fr(short_dir, UID) == {}
+        assert dumps.collect(short_dir, dumps.Limits(UID), lambda *a: None)["ranks"] == {}
+        assert dumps.poll_fr(short_dir, dumps.Limits(UID)) == ({}, [])
         assert srv.conns == []
     finally:
         srv.close()

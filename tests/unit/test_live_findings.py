@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+
+import pytest
 
 from click.testing import CliRunner
 
@@ -124,9 +128,34 @@ def test_watcher_ends_with_its_step_and_leaves_only_the_findings(tmp_path):
     assert w3.cycles == 0
 
 
-def test_entry_point_resolves_the_node_from_the_step_list(tmp_path, monkeypatch):
-    """What the plugin execs: the node is the nodeid-th of the step's list (the task context
-    does not know its name); disabled in the config, it does nothing at all."""
+STEPD = """import socket, sys, time
+s = socket.socket(socket.AF_UNIX)
+s.bind(sys.argv[1])
+s.listen(1)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.fixture
+def fake_stepd(tmp_path):
+    """A process listening where slurmstepd does, ``<spool dir>/<node>_<job>.<step>``: the
+    batch step of job 91 on gpu09 (a short dir: sun_path is 108 bytes)."""
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="sattr-sd-", dir="/tmp")
+    proc = subprocess.Popen([sys.executable, "-c", STEPD, f"{d}/gpu09_91.4294967291"], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    yield proc.pid
+    proc.kill()
+    proc.wait()
+    subprocess.run(["rm", "-rf", d], check=False)
+
+
+def test_entry_point_takes_the_node_from_slurmstepd_not_the_job(tmp_path, monkeypatch, fake_stepd):
+    """What the plugin execs: the node is the one slurmstepd's own socket names; a node list
+    from the job's environment (a user may export SLURM_STEP_NODELIST) is not read. Disabled in
+    the config, it does nothing at all."""
     from slurm_attr.live.__main__ import main as live_main
 
     spool = tmp_path / "spool"
@@ -134,23 +163,30 @@ def test_entry_point_resolves_the_node_from_the_step_list(tmp_path, monkeypatch)
     jobdir = tmp_path / "ev" / "91"
     (jobdir / "probe").mkdir(parents=True)
     conf = tmp_path / "c.toml"
-    conf.write_text(f'[paths]\nspool = "{spool}"\n[live]\ninterval_s = 0.05\n')
-    args = ["watch", "--job", "91", "--step", "batch", "--nodelist", "gpu[07-09]", "--nodeid", "2",
-            "--nnodes", "3", "--jobdir", str(jobdir), "--config", str(conf), "--cycles", "1"]
-    monkeypatch.setattr(Watcher, "_leave", lambda self: None)  # keep the summary to look at
+    conf.write_text(f'[paths]\nspool = "{spool}"\nnode_state = "{tmp_path}/state"\n[live]\ninterval_s = 0.05\n')
+    args = ["watch", "--job", "91", "--step", "batch", "--nodelist", "n3", "--nodeid", "0",
+            "--nnodes", "1", "--jobdir", str(jobdir), "--config", str(conf), "--cycles", "1",
+            "--stepd-pid", str(fake_stepd)]
+    monkeypatch.setattr(Watcher, "leave", lambda self: None)  # keep the summary to look at
     # The leader reads EndTime with scontrol in a thread: not here (no Slurm; and a child left
     # running would be reaped by whichever later test waits for any child).
     monkeypatch.setattr("slurm_attr.live.prekill.show_job", lambda cfg, job: None)
-    # The watcher drops to SCHED_IDLE + nice 19 for good: in this process that would starve the
-    # rest of the suite beside any CPU-heavy neighbour (it did, under stress-ng). Recorded here,
-    # checked for real in a child below.
+    # The watcher drops to SCHED_IDLE + nice 19 and caps its memory for good: in this process
+    # that would starve the rest of the suite beside any CPU-heavy neighbour (it did, under
+    # stress-ng). Recorded here, checked for real in a child below.
     quiet: list[bool] = []
     monkeypatch.setattr("slurm_attr.live.__main__._quiet_priority", lambda: quiet.append(True))
+    monkeypatch.setattr("slurm_attr.live.__main__._memory_cap", lambda limit: quiet.append(limit > 0))
     assert live_main(args + ["--leader"]) == 0
-    assert quiet == [True]
-    assert findings.load(str(spool), "91")["coverage"] == "step batch: 1 of 3 node(s) reporting"
+    assert quiet == [True, True]
+    assert findings.load(str(spool), "91")["coverage"] == "step batch: 1 of 1 node(s) reporting"
+    assert sorted(os.listdir(spool / "live" / "91" / "summary" / "batch")) == ["gpu09.json"]  # not n3
     summary = json.loads((spool / "live" / "91" / "summary" / "batch" / "gpu09.json").read_text())
     assert (summary["node"], summary["step"], summary["comms"]) == ("gpu09", "batch", [])
+    # near miss: a step slurmstepd does not serve (its socket names step 4294967291) is not watched
+    with pytest.raises(SystemExit) as exc:
+        live_main([a if a != "batch" else "3" for a in args])
+    assert exc.value.code == 1 and not (spool / "live" / "91" / "summary" / "3").exists()
     conf.write_text(f'[paths]\nspool = "{spool}"\n[live]\nenabled = false\n')
     assert live_main(args) == 0
     args[2] = "92"

@@ -19,6 +19,7 @@ from unix_servers import RasServer
 
 from slurm_attr.config import Config, ConfigError, from_dict, host_port
 from slurm_attr.live import prekill, ras, rasreport
+from slurm_attr.slurm.cli import CliSlurm
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "ras"
 STRAGGLER_COMM = "78db921d1c117b4a"  # the walkthrough's straggler communicator
@@ -250,13 +251,20 @@ def _cfg(port: int | None, **live) -> Config:
     return cfg
 
 
-class Ran:
+class Ran(CliSlurm):
+    """Slurm for the cancel: the job still RUNNING as the watcher's user; scancels recorded."""
+
     def __init__(self):
+        super().__init__(slurm_bin="/opt/slurm/bin")
         self.calls: list[list[str]] = []
 
-    def __call__(self, argv):
-        self.calls.append(argv)
-        return type("P", (), {"returncode": 0, "stderr": ""})()
+    def show_job(self, job_id):
+        start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 60))
+        return {"JobId": job_id, "JobState": "RUNNING", "UserId": "alice(1001)", "StartTime": start}
+
+    def run(self, tool, *args):
+        self.calls.append([os.path.join(self.slurm_bin, tool), *args])
+        return ""
 
 
 def _res(pending: bool):
@@ -277,7 +285,7 @@ def quick_confirm(monkeypatch):
 def test_cancel_withheld_with_the_probe_alone(tmp_path, servers):
     healthy = servers([_fix("healthy_2.30.7.txt")])
     run = Ran()
-    ld = prekill.LeaderDumps(_cfg(healthy.port), "91", "0", str(tmp_path), 1, gpus=8, run=run)
+    ld = prekill.LeaderDumps(_cfg(healthy.port), "91", "0", str(tmp_path), 1, gpus=8, slurm=run, uid=1001)
     c = ld.cancel(_probe_finding(), _res(False))
     assert run.calls == [] and c["done"] is False and c["why"].startswith("withheld")
     assert c["ras"].startswith("no agreement: RAS does not name communicator 78db921d1c117b4a")
@@ -288,7 +296,7 @@ def test_cancel_done_when_the_probe_and_ras_agree(tmp_path, servers):
     stuck = servers([_fix("straggler_2.30.7.txt")])  # the same counts twice: frozen
     run = Ran()
     ld = prekill.LeaderDumps(_cfg(stuck.port), "92", "0", str(tmp_path), 1,
-                             end_ns=time.time_ns() + 600 * 10**9, gpus=8, run=run)
+                             end_ns=time.time_ns() + 600 * 10**9, gpus=8, slurm=run, uid=1001)
     c = ld.cancel(_probe_finding(), _res(False))
     assert run.calls == [["/opt/slurm/bin/scancel", "92"]] and c["done"] is True
     assert c["sources"] == ["probe", "ras"]
@@ -301,7 +309,7 @@ def test_counts_that_move_between_two_queries_do_not_agree(tmp_path, servers):
     moved = moving.replace("7 ranks have launched up to operation 64", "7 ranks have launched up to operation 65")
     srv = servers([moving, moved])
     run = Ran()
-    ld = prekill.LeaderDumps(_cfg(srv.port), "93", "0", str(tmp_path), 1, gpus=8, run=run)
+    ld = prekill.LeaderDumps(_cfg(srv.port), "93", "0", str(tmp_path), 1, gpus=8, slurm=run, uid=1001)
     c = ld.cancel(_probe_finding(), _res(False))
     assert run.calls == [] and c["done"] is False and "moved within" in c["ras"]
 
@@ -309,7 +317,7 @@ def test_counts_that_move_between_two_queries_do_not_agree(tmp_path, servers):
 def test_a_dead_rank_agrees_at_once_and_the_dumps_still_count(tmp_path, servers):
     dead = servers([_fix("incomplete_2.30.7.txt")])
     run = Ran()
-    ld = prekill.LeaderDumps(_cfg(dead.port), "94", "0", str(tmp_path), 1, gpus=8, run=run)
+    ld = prekill.LeaderDumps(_cfg(dead.port), "94", "0", str(tmp_path), 1, gpus=8, slurm=run, uid=1001)
     c = ld.cancel(_probe_finding(DEAD_COMM), _res(True))
     assert c["done"] is True and c["sources"] == ["probe", "dumps", "ras"] and dead.served == 1
     assert c["why"].startswith("Flight Recorder: 1 rank(s)") and "rank 7 not answering" in c["why"]
@@ -318,7 +326,7 @@ def test_a_dead_rank_agrees_at_once_and_the_dumps_still_count(tmp_path, servers)
 def test_ras_never_makes_a_second_source_for_an_fr_finding(tmp_path, servers):
     stuck = servers([_fix("straggler_2.30.7.txt")])
     run = Ran()
-    ld = prekill.LeaderDumps(_cfg(stuck.port), "95", "0", str(tmp_path), 1, gpus=8, run=run)
+    ld = prekill.LeaderDumps(_cfg(stuck.port), "95", "0", str(tmp_path), 1, gpus=8, slurm=run, uid=1001)
     c = ld.cancel(dict(_probe_finding(), source="fr"), _res(True))
     assert run.calls == [] and c["done"] is False and "ras" not in c and stuck.served == 0
 
@@ -326,7 +334,7 @@ def test_ras_never_makes_a_second_source_for_an_fr_finding(tmp_path, servers):
 def test_ras_off_or_absent_is_todays_behaviour(tmp_path, servers):
     stuck = servers([_fix("straggler_2.30.7.txt")])
     run = Ran()
-    off = prekill.LeaderDumps(_cfg(stuck.port, ras="off"), "96", "0", str(tmp_path), 1, gpus=8, run=run)
+    off = prekill.LeaderDumps(_cfg(stuck.port, ras="off"), "96", "0", str(tmp_path), 1, gpus=8, slurm=run, uid=1001)
     c = off.cancel(_probe_finding(), _res(False))
     assert run.calls == [] and c["done"] is False and stuck.served == 0 and "not asked" in c["ras"]
     c = off.cancel(_probe_finding(), _res(True))
@@ -335,7 +343,7 @@ def test_ras_off_or_absent_is_todays_behaviour(tmp_path, servers):
     refused.bind(("127.0.0.1", 0))
     port = refused.getsockname()[1]
     refused.close()
-    gone = prekill.LeaderDumps(_cfg(port), "97", "0", str(tmp_path), 1, gpus=8, run=run)
+    gone = prekill.LeaderDumps(_cfg(port), "97", "0", str(tmp_path), 1, gpus=8, slurm=run, uid=1001)
     c = gone.cancel(_probe_finding(), _res(True))
     assert c["done"] is True and c["sources"] == ["probe", "dumps"] and "connection refused" in c["ras"]
 

@@ -26,7 +26,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from slurm_attr.live import dumps  # noqa: E402
+from slurm_attr.live import dumps, workerclient  # noqa: E402
 from slurm_attr.live.frdetect import poll_period  # noqa: E402
 
 RANK = r"""
@@ -73,7 +73,7 @@ def main() -> int:
         ours, peer = [], []
         for _ in range(a.runs):
             t0 = time.perf_counter()
-            res = dumps.collect(d, uid, lambda *x: None)
+            res = dumps.collect(d, dumps.Limits(uid), lambda *x: None)
             ours.append(time.perf_counter() - t0)
             assert len(res["ranks"]) == a.ranks, res
             t0 = time.perf_counter()
@@ -82,11 +82,11 @@ def main() -> int:
                     subprocess.run(["curl", "-s", "-o", "/dev/null", "--unix-socket", f"{d}/ws/rank_{r}.sock",
                                     "-X", "POST", f"http://localhost/handler/{h}"], check=True)
             peer.append(time.perf_counter() - t0)
-        size = len(dumps.post(f"{d}/ws/rank_0.sock", "fr_trace_json", uid))
+        size = len(workerclient.post(f"{d}/ws/rank_0.sock", "fr_trace_json", uid))
         cpu = []
         for _ in range(a.runs):  # the FR poll of a job without probe records (frdetect.py)
             c0 = time.process_time()
-            assert len(dumps.poll_fr(d, uid)) == a.ranks
+            assert len(dumps.poll_fr(d, dumps.Limits(uid))[0]) == a.ranks
             cpu.append(time.process_time() - c0)
         period = poll_period(1.0, 60.0)  # at the defaults interval_s = 1, hang_after_s = 60
         print(f"FR poll of {a.ranks} ranks: watcher CPU min {min(cpu) * 1000:.1f} ms, median "

@@ -13,7 +13,12 @@ dir included. Sizes count allocated blocks, which is what fills a disk. Three pa
 2. **Age.** A job whose newest data is older than ``[spool] keep_days`` goes, oldest first.
    One with no verdict stored and none pending goes too (an orphan: no analysis will come for
    it), logged as such, so orphans cannot pile up.
-3. **Size.** Then the oldest jobs until the spool fits ``[spool] max_bytes``.
+3. **Live bulk.** Over ``[spool] max_bytes``, the live dirs' dumps and snapshots go first,
+   largest first, running jobs' too (never a pending job's): they are what a job's own ranks
+   chose to answer, untrusted and re-creatable, while a bundle holds the node's kernel log
+   and the scheduler's facts. So a job that filled its live budget loses that before anyone
+   else loses a bundle.
+4. **Size.** Then the oldest jobs until the spool fits ``[spool] max_bytes``.
 
 Never removed: a pending job's data (its analysis still needs it: ``intake``), a live dir
 written in the last ``LIVE_BUSY_S`` (its watchers write there), and, by the size pass, the data
@@ -183,6 +188,7 @@ class _Run:
         self.cfg, self.dry_run, self.now = cfg, dry_run, now
         self.res = GcResult()
         self.total = 0
+        self.gone: set[str] = set()  # paths removed (or, dry-run, planned) by an earlier pass
 
     def busy(self, job: _Job) -> bool:
         return job.live is not None and self.now - job.live["mtime"] < LIVE_BUSY_S
@@ -192,6 +198,9 @@ class _Run:
         """Remove item (or path inside it, a part of size bytes) and record why."""
         path, key = path or item["path"], key or item["key"]
         size = item["bytes"] if size is None else size
+        if path in self.gone or os.path.dirname(path) in self.gone:
+            return True  # a dry run plans on a tree it does not change: count it once
+        self.gone.add(path)
         if not self.dry_run:
             try:
                 if stat.S_ISDIR(os.lstat(path).st_mode):
@@ -269,6 +278,21 @@ def _age_pass(run: _Run, jobs: list[_Job]) -> None:
         run.drop(job, why)
 
 
+def _live_bulk_pass(run: _Run, jobs: list[_Job]) -> None:
+    """Over max_bytes: live dumps and snapshots before any bundle, the largest first."""
+    cap = run.cfg.spool.max_bytes
+    if cap <= 0 or run.total <= cap:
+        return
+    parts = sorted(((_part_bytes(j.live["path"], p), j, p) for j in jobs if j.live is not None and not j.pending
+                    for p in BULKY), key=lambda x: (-x[0], x[1].id, x[2]))
+    for size, job, part in parts:
+        if run.total <= cap or size == 0:
+            return
+        live = job.live
+        run.remove(job, live, f"spool over {cap} bytes: live {part} (the job's own answers) before any bundle",
+                   path=os.path.join(live["path"], part), key=f"{live['key']}/{part}", size=size)
+
+
 def _size_pass(run: _Run, jobs: list[_Job]) -> None:
     """The oldest jobs until the spool fits max_bytes; never a pending job's data, nor a
     job's whose verdict is not stored yet (within ORPHAN_GRACE_S of its last write)."""
@@ -297,6 +321,7 @@ def collect(cfg: Config, dry_run: bool = False, now: float | None = None) -> GcR
     jobs = _jobs(cfg, items, run.res)
     _budget_pass(run, jobs)
     _age_pass(run, jobs)
+    _live_bulk_pass(run, jobs)
     _size_pass(run, jobs)
     run.res.bytes_after = run.total
     return run.res

@@ -24,6 +24,18 @@ def shared_fixtures() -> Path:
     return path
 
 
+@pytest.fixture
+def spool_cfg(tmp_path):
+    """A config whose spool, verdict store and intake queue are the test's own."""
+    from slurm_attr.config import Config
+
+    c = Config()
+    c.paths.spool = str(tmp_path / "spool")
+    c.paths.database = str(tmp_path / "db" / "sattr.db")
+    c.intake.queue_dir = str(tmp_path / "q")
+    return c
+
+
 @pytest.fixture(autouse=True)
 def _scheduling_untouched():
     """A test must leave this process's CPU priority as it found it: code under test that

@@ -72,7 +72,8 @@ def retry(ctx: click.Context, everything: bool, limit: int, as_json: bool) -> No
 @handle_errors
 def gc(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
     """Prune the spool by job: first a job over its live budget ([live] job_cap_bytes), then
-    jobs older than [spool] keep_days, then the oldest until the spool fits [spool] max_bytes.
+    jobs older than [spool] keep_days; over [spool] max_bytes, the live dumps (what jobs' own
+    ranks answered) largest first, then the oldest jobs until the spool fits.
 
     Never a pending job's data, nor a running job's live dir; a job with no verdict stored
     yet is not removed for space. Each line says why. Admins only.

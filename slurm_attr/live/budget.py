@@ -9,15 +9,20 @@ of the job on this node (the sum over a job's nodes then stays within the job's 
 
 The node's usage is read from the spool itself (the files under this node's names), so
 watchers of several steps on one node, or a watcher restarted, agree without shared
-state. A new dump that does not fit first pushes out this node's older dumps (oldest
-first, the largest first among equally old), never one of its own collection; what still
-does not fit is not written, and the collection's result says what was dropped.
+state; each write is decided and done under one node-local lock (``locked``), so two
+steps' collections at once cannot both take the same room. A new dump that does not fit
+first pushes out this node's older dumps (oldest first, the largest first among equally
+old), never one of its own collection; what still does not fit is not written, and the
+collection's result says what was dropped.
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import stat
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Iterator
 
 from ..errors import UnsafePath
 from . import store
@@ -33,6 +38,23 @@ class _File:
     rel: str
     size: int
     mtime_ns: int
+
+
+@contextmanager
+def locked(state_dir: str | None) -> Iterator[None]:
+    """One writer at a time on this node: ``<node_state>/live/budget.lock`` (root-only,
+    node-local). None: no lock (one process alone, as in the tests)."""
+    if state_dir is None:
+        yield
+        return
+    d = os.path.join(state_dir, "live")
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    fd = os.open(os.path.join(d, "budget.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def share(job_cap: int, node_cap: int, nnodes: int) -> int:
@@ -51,9 +73,10 @@ class NodeBudget:
     dropped: list[str] = field(default_factory=list)
 
     @classmethod
-    def read(cls, live_dir: str, node: str, cap: int) -> "NodeBudget":
-        """This node's files in the job's live dir, as they are now."""
-        b = cls(live_dir, node, cap)
+    def read(cls, live_dir: str, node: str, cap: int, fresh: set[str] | None = None) -> "NodeBudget":
+        """This node's files in the job's live dir, as they are now; ``fresh``: what the
+        collection under way wrote already (never dropped for more of it)."""
+        b = cls(live_dir, node, cap, fresh=set(fresh or ()))
         steps = _steps(live_dir)
         for step in steps:
             for pattern in DUMP_DIRS:

@@ -139,10 +139,11 @@ def dump_line(d: Any) -> str | None:
 
 
 def dropped_lines(d: Any) -> list[str]:
-    """What the node's live budget for the job did not keep (budget.py), a few lines."""
+    """What the node's live budget for the job did not keep, or removed to make room
+    (budget.py), a few lines: "n1: FR of rank 12 not kept: 16777216 bytes over ..."."""
     dropped = [x for x in (d.get("dropped") or []) if isinstance(x, str)] if isinstance(d, dict) else []
-    more = f" (and {len(dropped) - 3} more)" if len(dropped) > 3 else ""
-    return [f"not kept: {jobtext.line(x)}" for x in dropped[:3]] + ([f"not kept:{more}"] if more else [])
+    more = [f"... and {len(dropped) - 3} more over the live budget"] if len(dropped) > 3 else []
+    return [jobtext.line(x) for x in dropped[:3]] + more
 
 
 def cancel_lines(c: Any) -> list[str]:

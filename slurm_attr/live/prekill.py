@@ -64,8 +64,10 @@ class NodeDumps:
     bytes kept in the live spool for the job (budget.py)."""
 
     def __init__(self, live_dir: str, job: str, step: str, node: str, jobdir: str,
-                 live: Live | None = None, nnodes: int = 1, owner: PeerCheck | None = None):
+                 live: Live | None = None, nnodes: int = 1, owner: PeerCheck | None = None,
+                 state_dir: str | None = None):
         self.live_dir, self.job, self.step, self.node, self.jobdir = live_dir, job, step, node, jobdir
+        self.state_dir = state_dir  # node-local: where the node's budget lock lives
         self.live = live or Live()
         self.cap = budget.share(self.live.job_cap_bytes, self.live.node_cap_bytes, nnodes)
         self.owner = owner
@@ -106,15 +108,24 @@ class NodeDumps:
         uid = self.job_uid()
         base = f"dumps/{self.step}"
         rel = f"{base}/nodes/{self.node}"
-        kept = budget.NodeBudget.read(self.live_dir, self.node, self.cap)
+        fresh: set[str] = set()  # this collection's files
+        dropped: list[str] = []
+        last = {"used": 0}
 
         def save(kind: str, rank: int, data: bytes | bytearray) -> str | None:
             sub, name = ("fr", f"nccl_trace_rank_{rank}.json") if kind == "fr" else ("stacks", f"rank_{rank}.txt")
-            if not kept.room_for(f"{rel}/{sub}/{name}", len(data)):
+            with budget.locked(self.state_dir):  # other steps' watchers on this node write too
+                kept = budget.NodeBudget.read(self.live_dir, self.node, self.cap, fresh)
+                room = kept.room_for(f"{rel}/{sub}/{name}", len(data))
+                dropped.extend(kept.dropped)
+                if room:
+                    store.write_atomic(self.live_dir, f"{rel}/{sub}", name, data)
+                    kept.wrote(f"{rel}/{sub}/{name}", len(data), time.time_ns())
+                    fresh.add(f"{rel}/{sub}/{name}")
+                last["used"] = kept.used()
+            if not room:
                 return (f"not kept: {len(data)} bytes over this node's live budget for the job "
-                        f"({kept.used()} of {kept.cap} bytes used)")
-            store.write_atomic(self.live_dir, f"{rel}/{sub}", name, data)
-            kept.wrote(f"{rel}/{sub}/{name}", len(data), time.time_ns())
+                        f"({last['used']} of {self.cap} bytes used)")
             return None
 
         res: dict[str, Any] = {"job": self.job, "node": self.node, "seq": req["seq"], "reason": req.get("reason")}
@@ -122,7 +133,7 @@ class NodeDumps:
             res["error"] = "no job dir"
         else:
             res.update(dumps.collect(self.jobdir, self.limits(uid), save))
-        res["budget"] = {"cap": kept.cap, "used": kept.used(), "dropped": kept.dropped[:20]}
+        res["budget"] = {"cap": self.cap, "used": last["used"], "dropped": dropped[:20]}
         res["time_ns"] = time.time_ns()
         store.write_json(self.live_dir, base, f"{self.node}.json", res)
         return res
@@ -286,8 +297,6 @@ class LeaderDumps:
 
 
 def show_job(cfg: Config, job: str) -> dict[str, str] | None:
-    from ..slurm.base import from_config
-
     return from_config(cfg, timeout=15.0).show_job(job)
 
 
@@ -320,13 +329,14 @@ def _rank_rows(res: list[Any]) -> list[dict[str, Any]]:
 
 
 def summarize(res: list[dict[str, Any]], req: dict[str, Any], nnodes: int) -> dict[str, Any]:
-    stacks, fr_ranks, pipes, errors, dropped = [], [], 0, [], []
+    stacks, fr_ranks, pipes, errors, dropped, pushed = [], [], 0, [], [], []
     done_ns = 0
     for r in sorted(res, key=lambda x: str(x.get("node"))):
         node = r.get("node") if isinstance(r.get("node"), str) else "?"
         done_ns = max(done_ns, r.get("time_ns") if isinstance(r.get("time_ns"), int) else 0)
         b = r.get("budget") if isinstance(r.get("budget"), dict) else {}
-        dropped += [f"{node}: {d}"[:200] for d in (b.get("dropped") or [])[:5] if isinstance(d, str)]
+        pushed += [f"{node}: removed to make room: {d}"[:200] for d in (b.get("dropped") or [])[:5]
+                   if isinstance(d, str)]
         pipes += sum(1 for v in r["pipes"].values() if v == "sent") if isinstance(r.get("pipes"), dict) else 0
         rows = r.get("ranks") if isinstance(r.get("ranks"), dict) else {}
         for rank, rr in sorted(rows.items(), key=lambda kv: int(kv[0]) if str(kv[0]).isdigit() else -1):
@@ -347,4 +357,4 @@ def summarize(res: list[dict[str, Any]], req: dict[str, Any], nnodes: int) -> di
     latency = round((done_ns - req["time_ns"]) / 1e9, 3) if done_ns else None
     return {"seq": req["seq"], "reason": req["reason"], "requested": iso(req["time_ns"]),
             "nodes_answered": len(res), "nodes": nnodes, "pipes_sent": pipes, "fr_ranks": sorted(fr_ranks),
-            "latency_s": latency, "errors": errors[:10], "dropped": dropped[:10], "stacks": stacks}
+            "latency_s": latency, "errors": errors[:10], "dropped": (dropped + pushed)[:10], "stacks": stacks}

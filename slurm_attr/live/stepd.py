@@ -86,7 +86,8 @@ class Stepd:
         inodes = _socket_inodes(self.pid)
         if not inodes:
             return None
-        pat = re.compile(rf"/([A-Za-z0-9][A-Za-z0-9._-]{{0,63}})_{re.escape(job)}\.{step_id}$")
+        # <spool>/<node>_<job>.<step>, and .<component> after it for a heterogeneous job's step
+        pat = re.compile(rf"/([A-Za-z0-9][A-Za-z0-9._-]{{0,63}})_{re.escape(job)}\.{step_id}(?:\.\d+)?$")
         for inode, path in _unix_paths(inodes):
             m = pat.search(path)
             if m and self.alive():

@@ -20,7 +20,7 @@ from ..errors import UnsafePath
 from . import classify, findings, slow, store
 from .detect import Tracker
 from .frdetect import FrTracker, poll_period
-from .budget import NodeBudget
+from .budget import NodeBudget, locked
 from .host import Host
 from .prekill import LeaderDumps, NodeDumps
 from .nodeview import LocalStall, current, of_another_step, read_local, read_snapshot, summarize
@@ -62,7 +62,8 @@ class Watcher:
         # only the ranks of this step answer its watcher (their servers descend from its
         # slurmstepd): worker sockets carry no step, and every step's watcher saw them all
         self.node_dumps = NodeDumps(self.live_dir, job, step, node, jobdir, cfg.live, nnodes,
-                                    owner=self.stepd.owns if self.stepd is not None else None)
+                                    owner=self.stepd.owns if self.stepd is not None else None,
+                                    state_dir=cfg.paths.node_state if self.stepd is not None else None)
         self.fr_poll_s = poll_period(cfg.live.interval_s, cfg.live.hang_after_s)
         self.last_fr: dict[str, Any] = {}
         self.fr_tracker = FrTracker(cfg.live.hang_after_s)
@@ -111,7 +112,6 @@ class Watcher:
         that does not fit is not copied)."""
         written = 0
         rel = f"steps/{self.step}/nodes/{self.node}/probe"
-        kept = NodeBudget.read(self.live_dir, self.node, self.node_dumps.cap)
         for name, size in sizes.items():
             data = read_snapshot(self.jobdir, name, size)
             if data is None:
@@ -119,10 +119,10 @@ class Watcher:
             digest = hashlib.blake2b(data, digest_size=16).digest()
             if self.snap_digest.get(name) == digest:
                 continue
-            if kept.used() + len(data) > kept.cap:
-                continue
-            kept.kept_bytes += len(data)
-            store.write_atomic(self.live_dir, rel, name, data)
+            with locked(self.node_dumps.state_dir):
+                if NodeBudget.read(self.live_dir, self.node, self.node_dumps.cap).used() + len(data) > self.node_dumps.cap:
+                    continue
+                store.write_atomic(self.live_dir, rel, name, data)
             self.snap_digest[name] = digest
             written += 1
         return written

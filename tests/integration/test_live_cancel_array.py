@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from harness import SHM, run_cmd
 from slurm_attr import config as config_mod
 from slurm_attr.live import findings
 
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
-HARNESS = REPO / "spank" / "build" / "tests" / "probe_harness"
 sys.path.insert(0, str(REPO / "tests" / "unit"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from unix_servers import RasServer  # noqa: E402  (the unit tests' RAS stand-in)
@@ -37,11 +37,8 @@ def _array_job(cluster, tasks: int) -> str:
     """An array of one-node harness jobs (4 ranks each); the task holding the ArrayJobId as
     its own id hangs at operation 300, every other one runs SIBLING_OPS operations (long enough
     to be running still when the hung one is cancelled) and completes."""
-    if not HARNESS.exists():
-        pytest.fail(f"{HARNESS} missing: run `make -C spank test` first")
-    shm = "/dev/shm/sattr-harness-$SLURM_JOB_ID"
-    run = (f'{HARNESS} run --plugin "$(echo "$LD_LIBRARY_PATH" | cut -d: -f1)/$NCCL_PROFILER_PLUGIN" '
-           f'--shm {shm} --node-index 0 --ranks 4 --per-node 4 --inject 300')
+    shm = SHM
+    run = f"{run_cmd()} --shm {shm} --node-index 0 --ranks 4 --per-node 4 --inject 300"
     script = f"""#!/bin/bash
 #SBATCH -N1 -p live -t 5 --array=1-{tasks}
 echo "task $SLURM_ARRAY_TASK_ID: job $SLURM_JOB_ID of array $SLURM_ARRAY_JOB_ID"

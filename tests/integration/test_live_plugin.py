@@ -29,13 +29,13 @@ from pathlib import Path
 import pytest
 
 from gloo_hang import line, write_train
+from harness import SHM, run_cmd
 from slurm_attr import config as config_mod
 from slurm_attr.live import findings
 
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
-HARNESS = REPO / "spank" / "build" / "tests" / "probe_harness"
 sys.path.insert(0, str(REPO / "tests" / "unit"))
 from unix_servers import RasServer  # noqa: E402  (the unit tests' RAS stand-in)
 
@@ -58,15 +58,13 @@ def _ras_report(victim: int, seq: int) -> str:
 def _harness_job(cluster, scenario: str, hang_ms: int = 0, ops: int = 400, before: str = "",
                  opts: tuple[str, ...] = ()) -> str:
     """``before``: shell run in each node's task before the harness starts (as the job's user)."""
-    if not HARNESS.exists():
-        pytest.fail(f"{HARNESS} missing: run `make -C spank test` first")
-    shm = "/dev/shm/sattr-harness-$SLURM_JOB_ID"
+    shm = SHM
     script = f"""#!/bin/bash
 #SBATCH -N2 -p live -t 5
 rm -f {shm}
 # one harness process per node, its 4 ranks writing through the probe the plugin set up
 srun -N2 --ntasks-per-node=1 bash -c '{before}
-exec {HARNESS} run --plugin "$(echo "$LD_LIBRARY_PATH" | cut -d: -f1)/$NCCL_PROFILER_PLUGIN" --shm {shm} --node-index $SLURM_NODEID --scenario {scenario} --ops {ops} --inject 300 --per-node 4 --hang-ms {hang_ms}'
+exec {run_cmd()} --shm {shm} --node-index $SLURM_NODEID --scenario {scenario} --ops {ops} --inject 300 --per-node 4 --hang-ms {hang_ms}'
 rc=$?
 rm -f {shm}
 exit $rc
@@ -211,11 +209,8 @@ def test_two_steps_on_the_same_nodes_each_watch_their_own_ranks(cluster):
     The hung step's watchers report it; the healthy step's, which started first and see the
     other's newer records in their dir, leave them out by the step id in the records' header
     and report nothing (without it they reported the same hang as theirs)."""
-    if not HARNESS.exists():
-        pytest.fail(f"{HARNESS} missing: run `make -C spank test` first")
-    shm = "/dev/shm/sattr-harness-$SLURM_JOB_ID"
-    run = (f'exec {HARNESS} run --plugin "$(echo "$LD_LIBRARY_PATH" | cut -d: -f1)/$NCCL_PROFILER_PLUGIN" '
-           f'--node-index $SLURM_NODEID --per-node 4 --inject 300')
+    shm = SHM
+    run = f"exec {run_cmd()} --node-index $SLURM_NODEID --per-node 4 --inject 300"
     script = f"""#!/bin/bash
 #SBATCH -N2 --ntasks-per-node=2 -p live -t 5
 rm -f {shm}.0 {shm}.1

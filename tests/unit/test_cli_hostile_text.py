@@ -146,7 +146,7 @@ def test_live_findings_of_sattr_live_and_sattr_job(env, color):
         assert f'is at "{UTF8}":3 in <module>' in text  # its UTF-8 as it is, <module> a bare token
         headline = next(ln for ln in text.splitlines() if "never entered" in ln)
         # the FR name is the job's words, in quotes on the headline's own line: never a line of ours
-        assert f'never entered "<gloo:all_reduce>\\x1b[2K' in headline and headline.startswith("job 52: hang detected")
+        assert 'never entered "<gloo:all_reduce>\\x1b[2K' in headline and headline.startswith("job 52: hang detected")
         assert not any(ln.startswith(("NVRM", "job 52: NVRM")) for ln in text.splitlines())
 
 

@@ -11,7 +11,6 @@ from click.testing import CliRunner
 
 from slurm_attr import access, gc, intake
 from slurm_attr.cli import main
-from slurm_attr.config import Config
 from slurm_attr.store import Store
 
 from test_drain_fakes import hw_verdict
@@ -21,14 +20,10 @@ OTHERS = [str(100 + i) for i in range(14)]  # the other jobs' bundles, oldest fi
 
 
 @pytest.fixture
-def cfg(tmp_path):
-    c = Config()
-    c.paths.spool = str(tmp_path / "spool")
-    c.paths.database = str(tmp_path / "db" / "sattr.db")
-    c.intake.queue_dir = str(tmp_path / "q")
-    c.spool.keep_days = 0
-    c.live.job_cap_bytes = MiB
-    return c
+def cfg(spool_cfg):
+    spool_cfg.spool.keep_days = 0
+    spool_cfg.live.job_cap_bytes = MiB
+    return spool_cfg
 
 
 def _write(path, size, t):
@@ -120,18 +115,30 @@ def test_the_larger_bulky_part_goes_first_and_the_other_only_while_still_over(cf
     assert sorted(os.listdir(d)) == ["dumpreq.0.json", "finding.0.json", "summary"]
 
 
-def test_near_miss_a_busy_job_within_its_budget_keeps_everything_and_the_oldest_others_go(cfg):
+def test_a_running_job_within_its_budget_loses_its_live_dumps_before_anyone_a_bundle(cfg):
+    """Within its budget the job is not punished by the budget pass, but over max_bytes the
+    live bulk (what its ranks chose to answer) goes before another job's bundle."""
     d = _live(cfg, "900", dumps=600 * KiB, steps=128 * KiB, age_s=5)
+    _others(cfg)
+    sizes = [gc.tree_bytes(os.path.join(cfg.paths.spool, "bundles", k)) for k in OTHERS]
+    cfg.spool.max_bytes = gc.tree_bytes(d) + sum(sizes) - 3 * sizes[0] - 1
+    res = gc.collect(cfg)
+    assert [r["key"] for r in res.removed] == ["live/900/dumps"]  # the larger part was enough
+    assert res.removed[0]["why"].endswith("live dumps (the job's own answers) before any bundle")
+    assert _left(cfg) == OTHERS and sorted(os.listdir(d)) == ["dumpreq.0.json", "finding.0.json", "steps", "summary"]
+    assert res.bytes_after <= cfg.spool.max_bytes
+
+
+def test_near_miss_without_live_bulk_the_oldest_others_go_as_before(cfg):
+    d = _live(cfg, "900", dumps=0, age_s=5)
     before = sorted(os.listdir(d))
     _others(cfg)
     sizes = [gc.tree_bytes(os.path.join(cfg.paths.spool, "bundles", k)) for k in OTHERS]
     cfg.spool.max_bytes = gc.tree_bytes(d) + sum(sizes) - 3 * sizes[0] - 1
     res = gc.collect(cfg)
-    # As before the change: oldest first until it fits; the running job's dir is not touched.
     assert [r["key"] for r in res.removed] == OTHERS[:4]
     assert all(r["why"] == f"spool over {cfg.spool.max_bytes} bytes" for r in res.removed)
     assert _left(cfg) == OTHERS[4:] and sorted(os.listdir(d)) == before
-    assert res.bytes_after <= cfg.spool.max_bytes
 
 
 def test_largest_overage_first_and_a_finished_jobs_whole_live_dir_may_go(cfg):
@@ -216,9 +223,9 @@ def test_a_jobs_live_dir_ages_and_counts_with_its_bundle(cfg):
     _bundle(cfg, "430", 64 * KiB, 10 * 3600)
     _live(cfg, "430", dumps=0, age_s=2 * 3600)
     _bundle(cfg, "431", 64 * KiB, 8 * 3600)
-    _live(cfg, "431", dumps=128 * KiB, age_s=7 * 3600)
+    _live(cfg, "431", dumps=0, age_s=7 * 3600)  # no live bulk: the live-bulk pass has nothing to take
     _bundle(cfg, "432", 64 * KiB, 3600)
-    cfg.spool.max_bytes = gc.collect(cfg, dry_run=True).bytes_before - 100 * KiB
+    cfg.spool.max_bytes = gc.collect(cfg, dry_run=True).bytes_before - 10 * KiB
     res = gc.collect(cfg)
     assert [r["key"] for r in res.removed] == ["431", "live/431"]
     assert _left(cfg) == ["430", "432"] and _left(cfg, "live") == ["430"]
@@ -236,10 +243,12 @@ def test_dry_run_removes_nothing_and_plans_the_same(cfg):
     assert _tree(cfg) == before
     real = gc.collect(cfg)
     assert dry.removed == real.removed and dry.bytes_after == real.bytes_after
-    assert dry.kept_unverdicted == real.kept_unverdicted == ["440", "live/900"]  # 900 runs
+    assert dry.kept_unverdicted == real.kept_unverdicted == ["440"]  # the spool fits before 900, which runs
     keys = [r["key"] for r in real.removed]
     assert keys[:2] == ["live/900/dumps", "live/901"]  # budgets first: 900's snapshots fit in it
-    assert keys[2:] == OTHERS + ["901"]  # then the oldest: all but 440, unverdicted and recent
+    assert keys[2] == "live/900/steps"  # then live bulk, the job's own answers, before any bundle
+    rest = keys[3:]  # then the oldest, never 440 (unverdicted and recent), until the spool fits
+    assert rest and rest == (OTHERS + ["901"])[:len(rest)] and real.bytes_after <= cfg.spool.max_bytes
     assert _tree(cfg) != before and "440" in _left(cfg)
 
 

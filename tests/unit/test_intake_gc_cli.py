@@ -10,7 +10,6 @@ from click.testing import CliRunner
 
 from slurm_attr import access, gc, intake, retry
 from slurm_attr.cli import main
-from slurm_attr.config import Config
 from slurm_attr.store import Store
 
 from test_drain_fakes import hw_verdict
@@ -19,12 +18,8 @@ MiB = 1 << 20
 
 
 @pytest.fixture
-def cfg(tmp_path):
-    c = Config()
-    c.paths.spool = str(tmp_path / "spool")
-    c.paths.database = str(tmp_path / "db" / "sattr.db")
-    c.intake.queue_dir = str(tmp_path / "q")
-    return c
+def cfg(spool_cfg):
+    return spool_cfg
 
 
 def _bundle(cfg, key, size, age_days):

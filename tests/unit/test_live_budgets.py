@@ -239,3 +239,29 @@ def test_a_collection_over_the_nodes_budget_keeps_what_fits_and_says_what_not(se
     dropped = [r for r, row in res["ranks"].items() if "fr_dropped" in row]
     assert len(dropped) == 2 and "over this node's live budget for the job" in res["ranks"][dropped[0]]["fr_dropped"]
     assert res["budget"]["cap"] == 8 << 20 and res["budget"]["used"] <= 8 << 20
+
+
+def test_sattr_live_says_what_the_budget_did_not_keep_and_what_was_cancelled():
+    from slurm_attr.live import findings
+    from slurm_attr.live.prekill import summarize
+
+    res = [{"job": "5", "node": "n1", "seq": 1, "time_ns": 2_000_000_000, "pipes": {},
+            "ranks": {"3": {"fr_dropped": "not kept: 16777216 bytes over this node's live budget for the job "
+                                          "(134217728 of 134217728 bytes used)", "stack": None}},
+            "budget": {"dropped": ["n1/fr/nccl_trace_rank_9.json of step 1 (16777216 bytes, older)"]}}]
+    s = summarize(res, {"seq": 1, "reason": "hang", "time_ns": 1_000_000_000}, 1)
+    assert s["dropped"] == ["n1: FR of rank 3 not kept: 16777216 bytes over this node's live budget for the job "
+                            "(134217728 of 134217728 bytes used)",
+                            "n1: removed to make room: n1/fr/nccl_trace_rank_9.json of step 1 (16777216 bytes, older)"]
+    f = {"class": "H0", "what": "every rank entered x #7 and none completes", "label": "pg 0", "dumps": s,
+         "cancel": {"done": True, "target": "465_6", "why": "Flight Recorder: 2 rank(s) ..."}}
+    out = findings.lines({"findings": [f]})
+    assert "    n1: FR of rank 3 not kept: 16777216 bytes over this node's live budget" in "\n".join(out)
+    assert "  cancelled 465_6: Flight Recorder: 2 rank(s) ..." in out
+    # near misses: a refused cancel says why; a collection that kept everything says nothing more
+    f["cancel"] = {"done": False, "refused": "job 465 is COMPLETING, not RUNNING", "why": "stacks: 2 rank(s)"}
+    f["dumps"] = summarize([dict(res[0], ranks={}, budget={})], {"seq": 1, "reason": "hang", "time_ns": 1}, 1)
+    out = findings.lines({"findings": [f]})
+    assert out[1:] == [f"  {findings.dump_line(f['dumps'])}",
+                       "  not cancelled: Slurm's record no longer matched (job 465 is COMPLETING, not RUNNING); "
+                       "stacks: 2 rank(s)"]

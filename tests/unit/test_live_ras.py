@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import threading
 import time
 from pathlib import Path
 

@@ -9,28 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-# cause word -> domain (DESIGN.md §4). Rules name the fine symptom; this is the coarse class.
-CAUSES: dict[str, str] = {
-    "gpu_hardware": "hardware",
-    "nvlink": "hardware",
-    "host_hardware": "hardware",
-    "network": "network",
-    "comm_hang": "network",
-    "collective_mismatch": "user",
-    "rank_stuck": "user",
-    "cuda_oom": "user",
-    "host_oom": "user",
-    "user_error": "user",
-    "time_limit": "scheduler",
-    "cancelled": "scheduler",
-    "preempted": "scheduler",
-    "node_failure": "infrastructure",
-    "filesystem": "infrastructure",
-    "launch_failure": "infrastructure",
-    "none": "none",
-    "unknown": "unknown",
-}
-
+# The cause words and their domains (DESIGN.md §4) are the policy table's (rules/policy.toml,
+# reason/policy.py): ``CAUSES`` (cause -> domain) is read from it on first use.
 ROLES = ("root", "cascade", "confirmation", "context")
 COVERAGE_STATUSES = ("ok", "missing", "error", "truncated")
 ACTION_KINDS = ("drain", "reboot", "reset", "none")
@@ -47,7 +27,17 @@ UNTRUSTED_SOURCES = frozenset({"stdout", "stderr", "fr", "probe", "nccl", "sched
 
 
 def domain_of(cause: str) -> str:
-    return CAUSES.get(cause, "unknown")
+    from .reason.policy import load
+
+    return load().domain(cause)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "CAUSES":
+        from .reason.policy import load
+
+        return {c.name: c.domain for c in load().causes.values()}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def is_trusted(source: str) -> bool:
@@ -89,6 +79,57 @@ class Evidence:
         return d
 
 
+# Reasoning decisions that older stored verdicts kept among a symptom's rule fields.
+_STATUS_KEYS = ("claim", "claim_note", "confirmed_by", "kernel_clean", "kernel_format_copy", "earlier",
+                "after_end", "after_first_failure", "first_failure", "supports", "other_job", "caused_by")
+
+
+@dataclass
+class Status:
+    """What the reasoning steps (reason/, verdict.py) decided about one symptom, kept apart from
+    what its rule captured (``Symptom.fields``): a rule's capture group can never set these.
+
+    A claim is untrusted evidence of hardware or a network fault, checked against the named
+    node's kernel log: ``confirmed`` (by ``confirmed_by``, whose node it then takes),
+    ``contradicted`` (the log covers the time and is clean), ``unconfirmed`` (nothing to check
+    it against, or a path fault that may leave both ends clean: ``kernel_clean``)."""
+
+    claim: str | None = None  # confirmed | contradicted | unconfirmed
+    claim_note: str = ""
+    confirmed_by: list[str] = field(default_factory=list)  # "gpu.xid_74 on n7"
+    kernel_clean: bool = False
+    kernel_format_copy: bool = False  # job output imitating a kernel log line
+    earlier: str = ""  # why it belongs to an earlier attempt or job
+    after_end: bool = False
+    after_first_failure: str = ""  # the failure it came after ("cuda.oom on rank 3")
+    first_failure: str = ""  # how that failure was found first: "time" | "srun exit order"
+    supports: str = ""  # the history symptom this one is what the escalation rests on
+    other_job: bool = False  # an OOM kill in another job's cgroup on a shared node
+    caused_by: str = ""  # the symptom whose consequence this is (Xid 109 after Xid 13)
+
+    @property
+    def unconfirmed(self) -> bool:
+        """Contradicted or merely unchecked: either way not confirmed."""
+        return self.claim in ("contradicted", "unconfirmed")
+
+    def confirm(self, by: list[str], note: str) -> None:
+        self.claim, self.confirmed_by, self.claim_note = "confirmed", list(by), note
+
+    def doubt(self, state: str, note: str, kernel_clean: bool = False) -> None:
+        """``contradicted`` or ``unconfirmed``, with why."""
+        self.claim, self.claim_note, self.kernel_clean = state, note, kernel_clean
+
+    def to_dict(self) -> dict[str, Any]:
+        """Only what was decided (the defaults say nothing)."""
+        return {k: v for k, v in ((k, getattr(self, k)) for k in _STATUS_KEYS) if v not in (None, "", False, [])}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "Status":
+        if not isinstance(d, dict):
+            return cls()
+        return cls(**{k: d[k] for k in _STATUS_KEYS if k in d})
+
+
 @dataclass
 class Symptom:
     """A recognised signal. ``id`` is the rule id (``domain.snake_case``)."""
@@ -106,9 +147,10 @@ class Symptom:
     summary: str = ""
     fields: dict[str, Any] = field(default_factory=dict)
     evidence: list[Evidence] = field(default_factory=list)
+    status: Status = field(default_factory=Status)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             "id": self.id,
             "cause": self.cause,
             "role": self.role,
@@ -124,6 +166,10 @@ class Symptom:
             "evidence": [e.to_dict() for e in self.evidence],
             "provenance": self.provenance(),
         }
+        status = self.status.to_dict()
+        if status:
+            d["status"] = status  # additive (contract): the reasoning's decisions about it
+        return d
 
     def provenance(self) -> str:
         """ "kernel, trusted" / "stdout, untrusted" for rendering: the first evidence line's
@@ -134,6 +180,10 @@ class Symptom:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Symptom":
+        fields = dict(d.get("fields") or {})
+        # a verdict stored before the reasoning had its own namespace kept it among the fields
+        old = {k: fields.pop(k) for k in _STATUS_KEYS if k in fields and "status" not in d}
+        fields.pop("unconfirmed", None) if old else None
         return cls(
             id=d["id"],
             cause=d.get("cause", "unknown"),
@@ -146,8 +196,9 @@ class Symptom:
             time=d.get("time"),
             action=d.get("action", "none"),
             summary=d.get("summary", ""),
-            fields=dict(d.get("fields") or {}),
+            fields=fields,
             evidence=[_evidence(e) for e in d.get("evidence") or []],
+            status=Status.from_dict(d.get("status") or old),
         )
 
 

@@ -166,21 +166,21 @@ def _evidence_block(v: Verdict) -> list[str]:
 
 def _claims_block(v: Verdict) -> list[str]:
     """Untrusted claims the verdict did not take at their word, and why (issue 10)."""
-    shown = [s for s in v.symptoms if isinstance(s.fields, dict) and s.fields.get("claim") in ("contradicted", "unconfirmed")]
-    shown += [s for s in v.symptoms if isinstance(s.fields, dict) and s.fields.get("earlier") and s not in shown]
+    shown = [s for s in v.symptoms if s.status.unconfirmed]
+    shown += [s for s in v.symptoms if s.status.earlier and s not in shown]
     if not shown:
         return []
     lines = ["", "Not taken at their word:"]
     # one line per rule and reason: five ranks repeating one unconfirmed claim are one finding
     groups: dict[tuple[str, str, str], list[Symptom]] = {}
     for s in shown:
-        if s.fields.get("claim_note"):
-            note = str(s.fields["claim_note"])
-            why = note if s.fields.get("claim") == "contradicted" or "no complete kernel log" in note else \
+        if s.status.claim_note:
+            note = str(s.status.claim_note)
+            why = note if s.status.claim == "contradicted" or "no complete kernel log" in note else \
                 "claimed by the job's output; the kernel logs of both ends are clean, as a fabric fault can leave them"
         else:
-            why = f"from {s.fields.get('earlier')}"
-        copy = " (a copy of a kernel log line in the job's output)" if s.fields.get("kernel_format_copy") else ""
+            why = f"from {s.status.earlier}"
+        copy = " (a copy of a kernel log line in the job's output)" if s.status.kernel_format_copy else ""
         groups.setdefault((s.id, why, copy), []).append(s)
     for (sid, why, copy), ss in list(groups.items())[:10]:
         wheres = sorted({_where(s) for s in ss})
@@ -278,7 +278,8 @@ def notes(v: Verdict, job: dict[str, Any]) -> list[str]:
     elif v.cause in ("cuda_oom", "host_oom"):
         out.append("Reduce the batch size or ask for more memory (--mem / --mem-per-gpu).")
     elif v.cause == "user_error":
-        first = f"{rank_word} {ranks} failed first; the other ranks' errors followed it. " if fields.get("first_failure") and ranks else ""
+        first_known = root is not None and bool(root.status.first_failure)
+        first = f"{rank_word} {ranks} failed first; the other ranks' errors followed it. " if first_known and ranks else ""
         out.append(first + "The program failed on its own: the evidence above points at the line to look at.")
     elif v.cause == "node_failure":
         out.append("Slurm lost a node during the job: resubmit; the admins see it in `sattr nodes`.")

@@ -19,18 +19,18 @@ catalog role. ``decide`` then works job-wide:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Protocol, Sequence
 
 from .model import CAUSES, ROLES, Coverage, Symptom, Verdict
 from .bundle import parse_ranks
-from .reason import attempt, contradiction, firstfailure, netloc, notes, timeline
+from .reason import attempt, contradiction, firstfailure, netloc, notes, policy, timeline
 from .reason.contradiction import is_weak_path_claim
 
 log = logging.getLogger("slurm_attr")
 
-HARDWARE = frozenset({"gpu_hardware", "nvlink", "host_hardware"})
 _ROLE_ORDER = {"root": 0, "confirmation": 1, "cascade": 2, "context": 3}
 
 
@@ -43,50 +43,11 @@ class HistoryLookup(Protocol):
 
 
 def tier(s: Symptom) -> int:
-    """How strongly a root of this cause explains a job's end (higher wins)."""
-    if s.cause in HARDWARE:
-        return 100 - ("gpu_hardware", "nvlink", "host_hardware").index(s.cause) if s.trusted else 50
-    if s.cause == "network":
-        if s.trusted:
-            return 80
-        # every end's kernel log read and clean: a crashed peer explains these errors better
-        return 30 if is_weak_path_claim(s) else 40
-    return _TIERS.get(s.cause, 0)
+    """How strongly a root of this cause explains a job's end (higher wins): the policy's rank
+    (rules/policy.toml), by the evidence's trust."""
+    return policy.load().rank(s.cause, s.trusted, unconfirmed_path=is_weak_path_claim(s))
 
 
-_TIERS = {
-    "node_failure": 90, "launch_failure": 85, "host_oom": 75, "filesystem": 70, "cuda_oom": 65,
-    "collective_mismatch": 60, "time_limit": 55, "preempted": 55, "rank_stuck": 45,
-    # a cancel outranks the exceptions its teardown prints (an earlier one is an alternative)
-    "cancelled": 38, "user_error": 35, "comm_hang": 20, "none": 5, "unknown": 0,
-}
-
-# What a failure of the key's kind makes other ranks and nodes report: those become cascade.
-_DOWNSTREAM = frozenset({"network", "comm_hang", "rank_stuck", "user_error", "cancelled", "unknown"})
-CONSEQUENCES: dict[str, frozenset[str]] = {
-    "gpu_hardware": _DOWNSTREAM | {"nvlink", "node_failure", "collective_mismatch", "time_limit", "cuda_oom"},
-    "nvlink": _DOWNSTREAM | {"node_failure", "collective_mismatch", "time_limit"},
-    "host_hardware": _DOWNSTREAM | {"node_failure", "collective_mismatch", "time_limit", "gpu_hardware"},
-    "node_failure": _DOWNSTREAM | {"collective_mismatch", "time_limit", "launch_failure"},
-    "launch_failure": _DOWNSTREAM | {"node_failure", "time_limit"},
-    "network": _DOWNSTREAM | {"collective_mismatch", "time_limit"},
-    "host_oom": _DOWNSTREAM,
-    "filesystem": _DOWNSTREAM | {"time_limit"},
-    "cuda_oom": _DOWNSTREAM,
-    "collective_mismatch": _DOWNSTREAM | {"time_limit"},
-    "time_limit": _DOWNSTREAM | {"preempted"},
-    "preempted": _DOWNSTREAM | {"time_limit"},
-    "rank_stuck": frozenset({"network", "comm_hang", "cancelled", "unknown"}),
-    "user_error": frozenset({"network", "comm_hang", "rank_stuck", "cancelled", "unknown"}),
-    "cancelled": frozenset({"network", "comm_hang", "rank_stuck", "unknown", "user_error"}),
-    "comm_hang": frozenset({"cancelled", "unknown", "rank_stuck", "network"}),
-    "none": frozenset({"unknown", "user_error", "cancelled", "network", "comm_hang"}),
-    "unknown": frozenset(),
-}
-# Roots that say who or how, not why: they decide only when nothing else does.
-WEAK_ROOTS = frozenset({"job.failed_exit", "job.signaled", "slurm.task_exit", "torch.root_cause"})
-# Of those, the ones that only say "it exited non-zero": alone they are no evidence of why (issue 12 item 8).
-NO_WHY = frozenset({"job.failed_exit", "slurm.task_exit", "torch.root_cause"})
 _ANALYSER_PREFIXES = ("fr.", "probe.")
 _XID_CASCADE_WINDOW_S = 60.0
 
@@ -128,9 +89,9 @@ def _refine(syms: list[Symptom], job_id: str) -> None:
                         (a is None or b is None) and same_file_before):
                     # A context-switch timeout seconds after a graphics exception on the same GPU is
                     # the same program fault, not a second (hardware) one.
-                    s.role, s.action, s.fields["caused_by"] = "cascade", "none", "gpu.xid_13"
+                    s.role, s.action, s.status.caused_by = "cascade", "none", "gpu.xid_13"
         if s.cause == "host_oom" and s.fields.get("job") and str(s.fields["job"]) != job_id.split("_")[0]:
-            s.role, s.fields["other_job"] = "context", True  # a kill in another job's cgroup on a shared node
+            s.role, s.status.other_job = "context", True  # a kill in another job's cgroup on a shared node
 
 
 @dataclass
@@ -152,7 +113,7 @@ def _choose(syms: list[Symptom], ranks: dict[int, str], job: Mapping[str, Any],
         # as context; errors a program printed and survived are context too. (Slurm has recorded
         # COMPLETED 0:0 for failed steps, hence the exception for Slurm's own failure lines.)
         roots = [s for s in roots if s.id == "job.completed"]
-    strong = [s for s in roots if s.id not in WEAK_ROOTS and s.cause != "none"]
+    strong = [s for s in roots if s.id not in policy.load().weak_roots and s.cause != "none"]
     hang = [s for s in syms if s.role == "cascade" and s.cause == "comm_hang"]
     if not strong and hang and not (completed and not failure_words):
         return _Choice("comm_hang", hang, ambiguous=True,
@@ -165,21 +126,22 @@ def _choose(syms: list[Symptom], ranks: dict[int, str], job: Mapping[str, Any],
             f = first.first
             who = f.id + (f" on rank {f.rank}" if f.rank is not None else f" on {f.node}" if f.node else "")
             for s in first.later:
-                s.fields["after_first_failure"] = who
-            f.fields["first_failure"] = first.how
+                s.status.after_first_failure = who
+            f.status.first_failure = first.how
         strong = [s for s in strong if id(s) not in later] or strong
     pool = strong or roots
-    if not pool or (not complete and all(s.id in NO_WHY for s in pool)):
+    if not pool or (not complete and all(s.id in policy.load().no_why for s in pool)):
         # A non-zero exit says that the job failed, not why: with evidence missing it is unknown
         # (issue 12 item 8). With the output read and every node's kernel log clean, nothing but
         # the program itself is left, and the weak root stands.
         return _Choice("unknown", [])
     best = max(pool, key=lambda s: (tier(s), s.priority, s.trusted))
-    if best.cause == "rank_stuck":
-        # An FR-stuck rank explained by its own failure (exception, OOM) takes that failure's cause.
-        stuck = {s.rank for s in pool if s.cause == "rank_stuck" and s.rank is not None}
+    not_own = policy.load().causes[best.cause].yields_to_own_failure if best.cause in policy.load().causes else ()
+    if not_own:
+        # A rank found stuck because it failed on its own (exception, OOM) takes that failure's cause.
+        stuck = {s.rank for s in pool if s.cause == best.cause and s.rank is not None}
         stuck_nodes = {ranks.get(r) for r in stuck} - {None}
-        own = [s for s in pool if s.cause not in ("rank_stuck", "comm_hang", "network", "cancelled")
+        own = [s for s in pool if s.cause not in not_own
                and (s.rank in stuck or (s.rank is None and s.node in stuck_nodes))]
         if own:
             best = max(own, key=lambda s: (tier(s), s.priority))
@@ -198,7 +160,8 @@ def _assign_roles(syms: list[Symptom], choice: _Choice, ranks: dict[int, str]) -
     culprit_ranks = {s.rank for s in choice.primary if s.rank is not None}
     slurm_oom = choice.cause == "host_oom" and any(s.id.startswith(("slurm.", "job.")) for s in choice.primary)
     cancel_at = {_first_line(s) for s in choice.primary if s.cause == "cancelled" and s.evidence}
-    consequences = CONSEQUENCES.get(choice.cause, frozenset())
+    consequences = policy.load().cascades(choice.cause)
+    hardware = policy.load().group("hardware")
     alternatives: dict[str, str] = {}
     for s in syms:
         if id(s) in primary_ids:
@@ -206,9 +169,9 @@ def _assign_roles(syms: list[Symptom], choice: _Choice, ranks: dict[int, str]) -
                 s.role = "confirmation"  # the kernel's OOM line confirms Slurm's
             continue
         near = _node_of(s, ranks) in culprit_nodes or (s.rank is not None and s.rank in culprit_ranks)
-        if s.fields.get("supports") and s.role == "confirmation":
+        if s.status.supports and s.role == "confirmation":
             continue  # set by a history rule: this symptom is what the escalation rests on
-        if s.id.startswith(_ANALYSER_PREFIXES) and (near or (s.cause == "comm_hang" and choice.cause in HARDWARE | {"network"})):
+        if s.id.startswith(_ANALYSER_PREFIXES) and (near or (s.cause == "comm_hang" and choice.cause in hardware | {"network"})):
             s.role = "confirmation"  # FR/probe pointing where the node evidence points
             continue
         if s.cause == choice.cause and s.role in ("root", "confirmation"):
@@ -221,13 +184,13 @@ def _assign_roles(syms: list[Symptom], choice: _Choice, ranks: dict[int, str]) -
         earlier = any(p == _first_line(s)[0] and _first_line(s)[1] < ln for p, ln in cancel_at)
         if s.cause in consequences and not (choice.cause == "cancelled" and s.cause == "user_error" and earlier):
             s.role = "cascade"
-        elif s.fields.get("after_first_failure") or (choice.cause == "none" and s.cause in HARDWARE):
+        elif s.status.after_first_failure or (choice.cause == "none" and s.cause in hardware):
             # it came after the failure that ended the job, or the job completed anyway: the node's
             # health (a drain), not a rival cause
             s.role = "context"
         else:
             s.role = "context"
-            if s.cause not in ("none", "unknown") and s.id not in WEAK_ROOTS:
+            if s.cause not in ("none", "unknown") and s.id not in policy.load().weak_roots:
                 alternatives.setdefault(s.cause, s.summary or s.id)
     return [{"cause": c, "why": w} for c, w in alternatives.items()]
 
@@ -317,6 +280,7 @@ def _own_copy(s: Symptom) -> Symptom:
     flat = all(type(v) in _FLAT for v in s.fields.values())
     c.fields = dict(s.fields) if flat else copy.deepcopy(s.fields)
     c.evidence = list(s.evidence)
+    c.status = dataclasses.replace(s.status, confirmed_by=list(s.status.confirmed_by))
     return c
 
 
@@ -350,8 +314,8 @@ def decide(job: Mapping[str, Any], symptoms: Sequence[Symptom], coverage: Sequen
     for s in syms:
         if contradiction.is_contradicted(s) and s.role in ("root", "confirmation"):
             s.role = "context"  # an untrusted claim the trusted log contradicts cannot be the root
-        if s.fields.get("claim_note") and s.fields.get("claim") != "confirmed" and "not confirmed" not in s.summary:
-            s.summary = f"{s.summary or s.id} ({s.fields['claim_note']})"
+        if s.status.claim_note and s.status.claim != "confirmed" and "not confirmed" not in s.summary:
+            s.summary = f"{s.summary or s.id} ({s.status.claim_note})"
     vote = netloc.vote(syms)
     choice = _choose(syms, ranks, job, clock, complete=_evidence_complete(coverage, nodes))
     vote_sym, choice.primary = netloc.place_vote(choice.cause, choice.primary, vote, syms)
@@ -363,14 +327,14 @@ def decide(job: Mapping[str, Any], symptoms: Sequence[Symptom], coverage: Sequen
         alternatives.append({"cause": "rank_stuck", "why": "without Flight Recorder dumps a stuck rank looks the same"})
     if choice.cause == "unknown":
         alternatives += [{"cause": c, "why": f"only indirect evidence: {w}"} for c, w in hints.items()]
-    if choice.cause in HARDWARE and any(s.id == "job.completed" for s in syms):
+    if choice.cause in policy.load().group("hardware") and any(s.id == "job.completed" for s in syms):
         alternatives.append({"cause": "none", "why": "the job itself completed with exit code 0"})
     verdict = Verdict(job_id=job_id, cause=choice.cause)
     # Scheduler ends and an unlocalised hang have no culprit: the nodes in those lines only report.
-    unlocalised = choice.cause in ("time_limit", "cancelled", "preempted", "none", "comm_hang")
+    unlocalised = choice.cause in policy.load().group("unlocalised")
     verdict.culprit_nodes = sorted({n for s in choice.primary for n in [_node_of(s, ranks)] if n} if not unlocalised else [])
     primary_ids = {id(s) for s in choice.primary}
-    located = choice.cause in HARDWARE | {"network", "node_failure"}
+    located = choice.cause in policy.load().group("located")
     verdict.culprit_ranks = [] if unlocalised else sorted({s.rank for s in syms if s.rank is not None and (id(s) in primary_ids or (
         s.role == "confirmation" and s.id.startswith(_ANALYSER_PREFIXES)) or (
         # ranks on the culprit node that saw the failure first-hand
@@ -413,6 +377,6 @@ def _history(syms: list[Symptom], job: Mapping[str, Any], history: HistoryLookup
         for s in found:
             for old in syms:
                 if old.node == s.node and old.gpu == s.gpu and old.id.startswith("gpu.xid_") and old.cause != s.cause:
-                    old.role, old.fields["supports"] = "confirmation", s.id  # the escalated Xid now supports it
+                    old.role, old.status.supports = "confirmation", s.id  # the escalated Xid now supports it
         new.extend(found)
     return new

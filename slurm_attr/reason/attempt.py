@@ -28,7 +28,7 @@ def restart_count(job: Mapping[str, Any]) -> int:
 
 
 def mark_earlier(syms: Sequence[Symptom], job: Mapping[str, Any], clock: Optional[Clock] = None) -> list[Symptom]:
-    """Set ``fields['earlier']`` (why) on symptoms from before this attempt; return them."""
+    """Set ``status.earlier`` (why) on symptoms from before this attempt; return them."""
     clock = clock or clock_of(job)
     start = parse_iso(job.get("start_time"), clock)
     restarts = restart_count(job)
@@ -66,8 +66,8 @@ def mark_earlier(syms: Sequence[Symptom], job: Mapping[str, Any], clock: Optiona
             stale.append(s)  # the node ledger: an earlier job's verdict or drain already used this line
             seen.add(id(s))
     for s in stale:
-        s.fields["earlier"] = (f"already attributed to job {s.fields['attributed_to']}" if s.fields.get("attributed_to")
-                               else what)
+        s.status.earlier = (f"already attributed to job {s.fields['attributed_to']}" if s.fields.get("attributed_to")
+                            else what)
         if s.role in ("root", "confirmation"):
             s.role = "context"
         s.action = "none"  # a line that an earlier attempt (or job) already had is no reason to drain now
@@ -78,7 +78,7 @@ AFTER_END_SLACK_S = 30.0  # kernel clocks (dmesg -T) drift; a line this far past
 
 
 def mark_after_end(syms: Sequence[Symptom], job: Mapping[str, Any], clock: Optional[Clock] = None) -> list[Symptom]:
-    """Set ``fields['after_end']`` on symptoms timed after the job ended (issue 12 item 7).
+    """Set ``status.after_end`` on symptoms timed after the job ended (issue 12 item 7).
 
     What happened after the job's end cannot be what ended it: such a line is never the root.
     A fatal hardware line keeps its action, so the drain policy still takes the node out."""
@@ -88,11 +88,11 @@ def mark_after_end(syms: Sequence[Symptom], job: Mapping[str, Any], clock: Optio
         return []
     late = []
     for s in syms:
-        if s.id.startswith("job.") or s.fields.get("earlier"):
+        if s.id.startswith("job.") or s.status.earlier:
             continue
         t = symptom_time(s, clock)
         if t is not None and t > end + AFTER_END_SLACK_S:
-            s.fields["after_end"] = True
+            s.status.after_end = True
             if s.role in ("root", "confirmation"):
                 s.role = "context"
             late.append(s)

@@ -21,10 +21,9 @@ import re
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from ..model import Coverage, Symptom
+from . import policy
 from .timeline import Clock, clock_of, parse_iso, symptom_time
 
-HARDWARE = frozenset({"gpu_hardware", "nvlink", "host_hardware"})
-CLAIM_CAUSES = HARDWARE | {"network"}
 _SLACK_S = 300.0  # the kernel window is the job's, give or take the collectors' slack
 
 # Job output that imitates a kernel log line: dmesg's uptime or -T prefix, journald's "kernel:",
@@ -54,16 +53,17 @@ def _is_path_claim(s: Symptom) -> bool:
     not about this host's own port: a clean kernel log on both ends does not contradict it."""
     if s.cause != "network":
         return False
-    if s.fields.get("kernel_format_copy") or s.id.startswith("net."):
+    if s.status.kernel_format_copy or s.id.startswith("net."):
         return False  # a copy of a kernel line, or a link-state rule: a local claim
     return not any(_LOCAL_LINK.search(e.text or "") for e in s.evidence)
 
 
 def _matches(claim: Symptom, fact: Symptom) -> bool:
     # a hardware fault, not any GPU line: an Xid 13 (the program's own fault) confirms no ECC claim
-    if claim.cause in HARDWARE:
-        return fact.cause in HARDWARE
-    return fact.cause == "network" or fact.id.startswith("net.")
+    hardware = policy.load().group("hardware")
+    if claim.cause in hardware:
+        return fact.cause in hardware
+    return fact.cause == claim.cause or fact.id.startswith("net.")
 
 
 def kernel_covered(coverage: Sequence[Coverage]) -> dict[str, bool]:
@@ -79,30 +79,46 @@ def kernel_covered(coverage: Sequence[Coverage]) -> dict[str, bool]:
 
 def check(syms: Iterable[Symptom], coverage: Sequence[Coverage], job: Mapping[str, Any],
           nodes: Sequence[str], clock: Optional[Clock] = None) -> None:
-    """Annotate each untrusted hardware/network claim: ``fields['claim']`` is one of
-    confirmed | contradicted | unconfirmed, with ``fields['claim_note']`` saying why."""
+    """Annotate each untrusted hardware/network claim: ``status.claim`` is one of
+    confirmed | contradicted | unconfirmed, with ``status.claim_note`` saying why. A claim
+    confirmed by trusted kernel evidence on one node takes that node as its subject: the
+    job's word was about that node's hardware, whatever rank printed it."""
     syms = list(syms)
     covered = kernel_covered(coverage)
-    facts = [s for s in syms if s.trusted and s.node and s.evidence and any(e.source == "kernel" for e in s.evidence)]
+    # the kernel's own events that can bear out a claim: not its context lines (a corrected ECC
+    # or a recovered link confirms no uncorrectable fault)
+    facts = [s for s in syms if s.trusted and s.node and s.role != "context" and s.evidence
+             and any(e.source == "kernel" for e in s.evidence)]
     clock = clock or clock_of(job)
     start, end = parse_iso(job.get("start_time"), clock), parse_iso(job.get("end_time"), clock)
     for s in syms:
-        if s.trusted or s.role == "context" or s.fields.get("earlier") or any(e.source.startswith("kernel") for e in s.evidence):
+        if s.trusted or s.role == "context" or s.status.earlier or any(e.source.startswith("kernel") for e in s.evidence):
             continue  # trusted, context by the catalog (an address line), from an earlier attempt or job, or the kernel's own
         if copies_kernel_format(s):
-            s.fields["kernel_format_copy"] = True  # job output imitating the kernel: marked, whatever it claims
-        if s.cause not in CLAIM_CAUSES:
+            s.status.kernel_format_copy = True  # job output imitating the kernel: marked, whatever it claims
+        if s.cause not in policy.load().group("claim"):
             continue
         about = [s.node] if s.node else list(nodes)
         if s.cause == "network" and s.fields.get("peer_node"):
             about = sorted({*about, str(s.fields["peer_node"])})
         if not about:
-            _mark(s, "unconfirmed", "claimed by the job's output about an unnamed node; no kernel log to check it against")
+            s.status.doubt("unconfirmed", "claimed by the job's output about an unnamed node; no kernel log to check it against")
             continue
-        confirmed = [n for n in about if any(f.node == n and _matches(s, f) for f in facts)]
+        confirming = [f for f in facts if f.node in about and _matches(s, f)]
+        confirmed = sorted({str(f.node) for f in confirming})
         if confirmed:
-            s.fields["claim"] = "confirmed"
-            s.fields["claim_note"] = f"confirmed by {', '.join(confirmed)}'s kernel log"
+            s.status.confirm([f"{f.id} on {f.node}" for f in confirming][:4],
+                             f"confirmed by {', '.join(confirmed)}'s kernel log")
+            if s.node is None and len(confirmed) == 1:
+                s.node = confirmed[0]  # the subject is the node whose kernel log holds the event
+            continue
+        explained = [f for f in facts if f.node in about and f.cause in policy.load().group("hardware")]
+        if explained and s.cause not in policy.load().group("hardware"):
+            # a connection's errors with a hardware fault at one end: that end's kernel log is not
+            # clean, and the fault explains the errors (the verdict ranks the trusted fault itself)
+            ends = sorted({str(f.node) for f in explained})
+            s.status.confirm([f"{f.id} on {f.node}" for f in explained][:4],
+                             f"explained by {', '.join(ends)}'s kernel log ({explained[0].summary or explained[0].id})")
             continue
         missing = [n for n in about if not covered.get(n)]
         t = symptom_time(s, clock) if not missing and start is not None and end is not None else None
@@ -110,25 +126,18 @@ def check(syms: Iterable[Symptom], coverage: Sequence[Coverage], job: Mapping[st
         where = " or ".join(about[:4]) + (" or another node" if len(about) > 4 else "")  # ASCII: it may reach the Comment
         if missing or not in_window:
             gap = f"no complete kernel log for {', '.join(missing[:4])}" if missing else "outside the kernel log's window"
-            _mark(s, "unconfirmed", f"claimed by the job's output, not confirmed: {gap}")
+            s.status.doubt("unconfirmed", f"claimed by the job's output, not confirmed: {gap}")
         elif _is_path_claim(s):
-            _mark(s, "unconfirmed", f"claimed by the job's output, not confirmed by {where}'s kernel log "
-                                    "(a fabric fault between hosts may leave both clean)")
-            s.fields["kernel_clean"] = True
+            s.status.doubt("unconfirmed", f"claimed by the job's output, not confirmed by {where}'s kernel log "
+                                          "(a fabric fault between hosts may leave both clean)", kernel_clean=True)
         else:
-            _mark(s, "contradicted", f"claimed by the job's output, not confirmed by {where}'s kernel log")
-
-
-def _mark(s: Symptom, state: str, note: str) -> None:
-    s.fields["claim"] = state
-    s.fields["claim_note"] = note
-    s.fields["unconfirmed"] = True  # contradicted or merely unchecked: either way not confirmed
+            s.status.doubt("contradicted", f"claimed by the job's output, not confirmed by {where}'s kernel log")
 
 
 def is_contradicted(s: Symptom) -> bool:
-    return s.fields.get("claim") == "contradicted"
+    return s.status.claim == "contradicted"
 
 
 def is_weak_path_claim(s: Symptom) -> bool:
     """An unconfirmed network path claim whose ends' kernel logs were all read and are clean."""
-    return not s.trusted and s.cause == "network" and bool(s.fields.get("kernel_clean"))
+    return not s.trusted and s.cause == "network" and s.status.kernel_clean

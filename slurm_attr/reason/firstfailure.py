@@ -20,15 +20,14 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
 from ..model import Symptom
+from . import policy
 from .timeline import Clock, clock_of, first_line, symptom_time
 
-# Causes a single rank or node can fail with; scheduler ends (time limit, cancel, preemption,
-# node loss, launch) are job-wide and keep their tier.
-RANK_CAUSES = frozenset({"gpu_hardware", "nvlink", "host_hardware", "network", "user_error", "cuda_oom",
-                         "host_oom", "collective_mismatch", "filesystem", "rank_stuck"})
+# Causes a single rank or node can fail with (the policy's "rank_level"); scheduler ends (time
+# limit, cancel, preemption, node loss, launch) are job-wide and keep their rank. What a rank
+# reports when another rank died first is the policy's "echo": untimed, those cannot outrank a
+# timed first failure.
 TRUSTED_MARGIN_S = 60.0
-# What a rank reports when another rank died first: untimed, these cannot outrank a timed first failure.
-ECHO_CAUSES = frozenset({"network", "comm_hang", "rank_stuck", "unknown"})
 
 
 @dataclass
@@ -88,7 +87,7 @@ def _intervals(cands: Sequence[Symptom], syms: Sequence[Symptom], clock: Clock) 
 
 
 def _is_candidate(s: Symptom) -> bool:
-    return s.cause in RANK_CAUSES and (s.rank is not None or s.node is not None) and not s.id.startswith(("fr.", "probe."))
+    return s.cause in policy.load().group("rank_level") and (s.rank is not None or s.node is not None) and not s.id.startswith(("fr.", "probe."))
 
 
 def _srun_first_exit(syms: Sequence[Symptom]) -> Optional[Symptom]:
@@ -121,13 +120,15 @@ def order(pool: Sequence[Symptom], syms: Sequence[Symptom], job: Mapping[str, An
         for s in cands:
             if s is first or (s.cause == first.cause and s.node is not None and s.node == first.node):
                 continue  # the same failure seen from another source (the kernel's and the rank's view)
+            if f"{s.id} on {s.node}" in first.status.confirmed_by:
+                continue  # the trusted event that confirms the first failure is that failure
             lo, _ = span[id(s)]
             t = lo if lo > -_INF else est(s)
             margin = TRUSTED_MARGIN_S if s.trusted else 0.0
             same_file_after = first_line(s)[0] == first_line(first)[0] and first_line(s)[1] > first_line(first)[1]
             if t > t0 + margin or (not s.trusted and t >= t0 and same_file_after):
                 later.append(s)
-            elif t == _INF and not s.trusted and s.cause in ECHO_CAUSES and s.cause != first.cause and exact0:
+            elif t == _INF and not s.trusted and s.cause in policy.load().group("echo") and s.cause != first.cause and exact0:
                 later.append(s)  # an untimed echo cannot outrank a failure whose time is known
         return Order(first, later, "time")
     # No times: srun's report of which task exited first with an error, if it names a node.
@@ -139,5 +140,5 @@ def order(pool: Sequence[Symptom], syms: Sequence[Symptom], job: Mapping[str, An
         return Order(None, [])
     first = max(mine, key=lambda s: (s.rank == ex.rank, s.trusted, s.priority))
     # srun's order is coarser than a timestamp: only echoes elsewhere yield to it, not program errors
-    later = [s for s in cands if s.node != ex.node and not s.trusted and s.cause in ECHO_CAUSES]
+    later = [s for s in cands if s.node != ex.node and not s.trusted and s.cause in policy.load().group("echo")]
     return Order(first, later, "srun exit order")

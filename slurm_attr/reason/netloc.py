@@ -154,7 +154,7 @@ def vote(syms: Iterable[Symptom]) -> Vote:
     v = Vote()
     seen: set[tuple[str, str]] = set()
     for s in syms:
-        if s.trusted or s.cause != "network" or s.role == "context" or s.fields.get("earlier"):
+        if s.trusted or s.cause != "network" or s.role == "context" or s.status.earlier:
             continue
         a, b = s.node, s.fields.get("peer_node")
         if not isinstance(b, str):

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Callable, Optional, Sequence
 
 from ..model import Symptom
-from .contradiction import HARDWARE, is_contradicted
+from . import policy
+from .contradiction import is_contradicted
 
 _DRAINING = ("drain", "reset", "reboot")
 
@@ -28,12 +29,13 @@ def beside_cause(cause: str, primary: Sequence[Symptom], syms: Sequence[Symptom]
             if s.id == "net.peer_vote" and s.node:
                 out.append(f"the failing connections all involve {s.node}")
                 break
-    if cause not in HARDWARE:
+    hardware = policy.load().group("hardware")
+    if cause not in hardware:
         chosen = {id(p) for p in primary}
         seen: set[str] = set()
         for s in syms:
-            if (s.trusted and s.cause in HARDWARE and s.action in _DRAINING and s.node and id(s) not in chosen
-                    and not s.fields.get("earlier") and s.node not in seen):
+            if (s.trusted and s.cause in hardware and s.action in _DRAINING and s.node and id(s) not in chosen
+                    and not s.status.earlier and s.node not in seen):
                 seen.add(s.node)
                 out.append(f"separately, {s.node}'s kernel log shows {s.summary or s.id}: the node needs attention")
     return "".join(f"; {n}" for n in out[:3])

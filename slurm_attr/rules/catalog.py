@@ -43,6 +43,7 @@ from . import literals, speccache
 from .pyrule import DocTable, HistoryRule, JobRule, Refiner
 
 RULEBOOK = "slurm_attr.rulebook"
+POLICY_FILE = "policy.toml"  # the cause policy beside the rules (reason/policy.py), not a rule
 SOURCES = ("kernel", "scheduler", "slurm", "stdout", "stderr", "nccl", "journal")
 STATUSES = ("experimental", "stable", "deprecated")
 ID_RE = re.compile(r"^[a-z][a-z0-9]*\.[a-z0-9_]+$")
@@ -286,8 +287,9 @@ def _rulebook_root() -> Any:
 
 
 def _rule_files(extra_dir: Optional[str]) -> list[tuple[str, bytes]]:
-    """(display path, bytes) of every TOML rule: the built-in catalog, then the site's."""
-    files = [(f"rules/{rel}", raw) for rel, raw in _toml_files(_rulebook_root())]
+    """(display path, bytes) of every TOML rule: the built-in catalog (not its cause policy,
+    reason/policy.py's table), then the site's."""
+    files = [(f"rules/{rel}", raw) for rel, raw in _toml_files(_rulebook_root()) if rel != POLICY_FILE]
     if extra_dir:
         if not os.path.isdir(extra_dir):
             raise RuleError(f"{extra_dir}: site rule directory does not exist")

@@ -81,6 +81,26 @@ def _rule_md(r: Rule) -> Iterable[str]:
         yield ""
 
 
+def _policy_md() -> list[str]:
+    """The cause policy (rules/policy.toml): rank, domain, what each cascades into, and why."""
+    from ..reason import policy
+
+    p = policy.load()
+    out = ["", "## Cause policy", "",
+           "From `rules/policy.toml` (`slurm_attr/reason/policy.py`): among the roots, the highest rank wins "
+           "(the job's own word for a cause ranks by `untrusted`); the chosen cause makes the listed causes "
+           "elsewhere its cascade. Hardware causes may drain on trusted evidence only.", "",
+           "| cause | domain | rank | untrusted | groups | cascades into | why |", "|---|---|---|---|---|---|---|"]
+    for c in sorted(p.causes.values(), key=lambda c: (-c.rank, c.name)):
+        out.append(f"| `{c.name}` | {c.domain} | {c.rank} | {c.untrusted} | {', '.join(sorted(c.groups))} | "
+                   f"{', '.join(sorted(c.cascades))} | {_md_escape(c.why)} |")
+    out += ["", "Weak roots (decide only when nothing else does): " + ", ".join(f"`{r}`" for r in sorted(p.weak_roots)),
+            "", "Cases:", ""]
+    out += [f"- {_md_escape(c.name)}: " + ", ".join(f"{r['cause']}{' (trusted)' if r.get('trusted') else ''}"
+                                                     for r in c.roots) + f" -> `{c.expect}`" for c in p.cases]
+    return out
+
+
 def render_markdown(catalog: Catalog) -> str:
     """The full catalog document (docs/rules.md)."""
     out = [
@@ -118,6 +138,7 @@ def render_markdown(catalog: Catalog) -> str:
     out += ["", "## History rules (Python, over the verdict store)", ""]
     for h in catalog.history_rules:
         out.append(f"- `{h.id}` ({h.cause}, priority {h.priority}): {h.description}")
+    out += _policy_md()
     for table in catalog.doc_tables:
         out += ["", f"## {table.title}", "", table.intro, "", "| " + " | ".join(table.header) + " |",
                 "|" + "---|" * len(table.header)]

@@ -163,9 +163,18 @@ def check_catalog(catalog: Catalog) -> Catalog:
     return catalog
 
 
+def run_policy_cases() -> list[Result]:
+    """The cause policy's own cases (rules/policy.toml): roots in, the winning cause out."""
+    from ..reason import policy
+
+    p = policy.load()
+    return [Result(f"rules/{policy.FILE}", c.name, got == c.expect, "" if got == c.expect else f"expected {c.expect}, got {got}")
+            for c in p.cases for got in [p.winner(c.roots)]]
+
+
 def run_all(catalog: Catalog, fixture_dirs: Iterable[str] = ()) -> list[Result]:
-    """Inline cases, then fixtures."""
-    results = run_cases(catalog)
+    """Inline cases, the policy's cases, then fixtures."""
+    results = run_cases(catalog) + run_policy_cases()
     for path in fixture_files(fixture_dirs):
         results.extend(run_fixture(catalog, path))
     return results

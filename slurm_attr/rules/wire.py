@@ -14,9 +14,11 @@ from __future__ import annotations
 from dataclasses import fields as dc_fields
 from typing import Any, Optional
 
-from ..model import Coverage, Evidence, Symptom
+from ..model import Coverage, Evidence, Status, Symptom
 
-_SYM = tuple(f.name for f in dc_fields(Symptom))
+# A rule's symptom carries no reasoning yet (its Status is the default): not sent, made anew.
+_SYM = tuple(f.name for f in dc_fields(Symptom) if f.name != "status")
+_NO_STATUS = Status()
 _EV = tuple(f.name for f in dc_fields(Evidence))
 _COV = tuple(f.name for f in dc_fields(Coverage))
 _SYM_KEYS = frozenset(_SYM)
@@ -46,9 +48,9 @@ def encode(result: tuple[list[Symptom], list[Coverage]]) -> Optional[list[Any]]:
     symptoms, coverage = result
     out_s = []
     for s in symptoms:
-        d = s.__dict__
-        if type(s) is not Symptom or tuple(d) != _SYM:  # an extra or reordered attribute: not ours to carry
-            return None
+        d = dict(s.__dict__)
+        if type(s) is not Symptom or d.pop("status", None) != _NO_STATUS or tuple(d) != _SYM:
+            return None  # an extra or reordered attribute, or reasoning already: not ours to carry
         row = list(d.values())  # in field order: _SYM, checked above
         evidence = row[-1]
         if not _scalars(row[:-2]) or type(row[-2]) is not dict or not _plain(row[-2]) or type(evidence) is not list:
@@ -94,6 +96,7 @@ def decode(value: Any) -> tuple[list[Symptom], list[Coverage]]:
             row[-1] = [_evidence(ev) for ev in row[-1]]
             s = object.__new__(Symptom)
             s.__dict__.update(zip(_SYM, row))
+            s.__dict__["status"] = Status()
             symptoms.append(s)
         coverage = [Coverage(*row) for row in rows_c]
     except (TypeError, ValueError) as err:

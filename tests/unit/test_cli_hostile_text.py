@@ -23,7 +23,7 @@ from slurm_attr.flightrec.html import render_html
 from slurm_attr.flightrec.matrix import Matrix
 from slurm_attr.live import findings, frdetect
 from slurm_attr.live import store as live_store
-from slurm_attr.model import Action, Coverage, Evidence, Symptom, Verdict
+from slurm_attr.model import Action, Coverage, Evidence, Symptom, Verdict, Status
 from slurm_attr.store import Store
 
 from test_drain_fakes import FakeSlurm
@@ -79,12 +79,12 @@ def env(tmp_path, monkeypatch):
 
 def hostile_verdict(job_id: str) -> Verdict:
     root = Symptom(id="python.exception", cause="user_error", role="root", node=h("node"), rank=3, gpu=h("gpu"),
-                   summary=h("summary"), fields={"claim": "contradicted", "claim_note": h("claim_note")},
+                   summary=h("summary"), status=Status(claim="contradicted", claim_note=h("claim_note")),
                    evidence=[Evidence(source="stdout", path=h("path") + UTF8, line=7, text=h("text"))])
     cascade = Symptom(id="torch.nccl_error", cause="network", role="cascade", node=h("cnode"), summary=h("csum"),
                       evidence=[Evidence(source="stderr", path="out", text=h("ctext"))])
     conf = Symptom(id="gpu.xid", cause="gpu_hardware", role="confirmation", node="n1", summary=h("xsum"),
-                   fields={"earlier": h("earlier")}, evidence=[Evidence(source="kernel", path="k", text=h("ktext"))])
+                   status=Status(earlier=h("earlier")), evidence=[Evidence(source="kernel", path="k", text=h("ktext"))])
     return Verdict(job_id=job_id, cause="user_error", summary=h("vsummary"), culprit_nodes=[h("culprit")],
                    culprit_ranks=[3], culprit_gpus=[h("cgpu")], alternatives=[{"cause": "network", "why": h("why")}],
                    symptoms=[root, conf, cascade], coverage=[Coverage(source="stdout", node=h("covnode"),

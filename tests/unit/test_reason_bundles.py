@@ -52,13 +52,13 @@ def test_reason_bundle(name):
         assert v.ambiguous == truth["ambiguous"], why
     assert [c[0] for c in candidates(v)] == truth["drain"], why
     for sid, state in truth.get("claims", {}).items():
-        got = {s.fields.get("claim") for s in v.symptoms if s.id == sid}
+        got = {s.status.claim for s in v.symptoms if s.id == sid}
         assert got == {state}, f"{why}\n  claims of {sid}: {got}"
         if state == "contradicted":
             assert all(s.role != "root" for s in v.symptoms if s.id == sid), why
             assert all("not confirmed" in s.summary for s in v.symptoms if s.id == sid), why
     if "kernel_copy" in truth:
-        assert all(s.fields.get("kernel_format_copy") for s in v.symptoms if s.id == truth["kernel_copy"]), why
+        assert all(s.status.kernel_format_copy for s in v.symptoms if s.id == truth["kernel_copy"]), why
     for sid, role in truth.get("roles", {}).items():
         assert {s.role for s in v.symptoms if s.id == sid} == {role}, why
     for text in truth.get("not_in_summary", []):

@@ -147,7 +147,7 @@ def test_earlier_attempts_lines_are_context():
               "slurmstepd: error: *** JOB 9 ON n2 CANCELLED AT 2024-05-02T08:41:13 DUE TO NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***", line=2)
     new = sym("python.exception", "user_error", "0: [rank0]: RuntimeError: PytorchStreamReader failed reading zip archive", rank=0, line=7)
     stale = attempt.mark_earlier([old, new], {**JOB, "restart_count": 1})
-    assert stale == [old] and old.role == "context" and "earlier attempt" in old.fields["earlier"]
+    assert stale == [old] and old.role == "context" and "earlier attempt" in old.status.earlier
     assert new.role == "root"
 
 
@@ -167,17 +167,17 @@ def lost_gpu(node="n2"):
 def test_claim_contradicted_by_a_clean_covered_kernel_log():
     s = lost_gpu()
     contradiction.check([s], CLEAN, JOB, ["n1", "n2"])
-    assert s.fields["claim"] == "contradicted" and s.fields["kernel_format_copy"] is True
-    assert "not confirmed by n2's kernel log" in s.fields["claim_note"]
+    assert s.status.claim == "contradicted" and s.status.kernel_format_copy is True
+    assert "not confirmed by n2's kernel log" in s.status.claim_note
 
 
 def test_claim_near_misses_confirmed_and_unchecked():
     s, xid = lost_gpu(), sym("gpu.xid_79", "gpu_hardware", "May 02 09:41:07 n2 kernel: NVRM: Xid", trusted=True, node="n2")
     contradiction.check([s, xid], CLEAN, JOB, ["n1", "n2"])
-    assert s.fields["claim"] == "confirmed"
+    assert s.status.claim == "confirmed"
     s = lost_gpu()
     contradiction.check([s], [CLEAN[0], Coverage("kernel", "n2", "missing", "no kernel.log")], JOB, ["n1", "n2"])
-    assert s.fields["claim"] == "unconfirmed"
+    assert s.status.claim == "unconfirmed"
 
 
 def test_decide_lets_the_next_root_speak_and_never_drains_on_a_claim():
@@ -243,7 +243,7 @@ def test_a_kernel_line_an_earlier_job_owns_is_context_and_never_drains():
     v = decide(JOB, [old, exc], CLEAN)
     assert v.cause == "user_error" and candidates(v) == []
     [x] = [s for s in v.symptoms if s.id == "gpu.xid_79"]
-    assert x.role == "context" and "4100" in x.fields["earlier"]
+    assert x.role == "context" and "4100" in x.status.earlier
     # near-miss: the same line owned by no one is this job's fault
     fresh = sym("gpu.xid_79", "gpu_hardware", "May 02 09:30:00 n2 kernel: NVRM: Xid (PCI:0000:3b:00): 79", trusted=True,
                 node="n2", priority=98, action="reboot")
@@ -316,11 +316,11 @@ def test_a_program_xid_does_not_confirm_a_hardware_claim():
     xid13 = sym("gpu.xid_13", "user_error", "May 02 09:40:00 n1 kernel: NVRM: Xid (PCI:0000:3b:00): 13, Graphics SM Warp Exception",
                 trusted=True, node="n1", priority=50)
     v = decide(JOB, [ecc, xid13], CLEAN)
-    assert v.cause == "user_error" and {s.fields.get("claim") for s in v.symptoms if s.id == "cuda.ecc_uncorrectable"} == {"contradicted"}
+    assert v.cause == "user_error" and {s.status.claim for s in v.symptoms if s.id == "cuda.ecc_uncorrectable"} == {"contradicted"}
     xid48 = sym("gpu.xid_48", "gpu_hardware", "May 02 09:40:00 n1 kernel: NVRM: Xid (PCI:0000:3b:00): 48, An uncorrectable double bit error",
                 trusted=True, node="n1", priority=90, action="reset")
     v = decide(JOB, [ecc, xid48], CLEAN)  # near-miss: a real ECC Xid confirms it
-    assert v.cause == "gpu_hardware" and {s.fields.get("claim") for s in v.symptoms if s.id == "cuda.ecc_uncorrectable"} == {"confirmed"}
+    assert v.cause == "gpu_hardware" and {s.status.claim for s in v.symptoms if s.id == "cuda.ecc_uncorrectable"} == {"confirmed"}
 
 
 def test_nccl_init_lines_give_errors_from_nccl_files_their_rank():
@@ -345,7 +345,7 @@ def test_a_fault_after_the_job_ended_is_not_its_cause_but_still_drains():
                trusted=True, node="n2", priority=98, action="reboot")
     v = decide(JOB, [exc, late], CLEAN)  # the job ended at 10:20 (local)
     assert v.cause == "user_error" and [c[0] for c in candidates(v)] == ["n2"]
-    assert [s.fields.get("after_end") for s in v.symptoms if s.id == "gpu.xid_79"] == [True]
+    assert [s.status.after_end for s in v.symptoms if s.id == "gpu.xid_79"] == [True]
     during = sym("gpu.xid_79", "gpu_hardware", "May 02 10:19:00 n2 kernel: NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.",
                  trusted=True, node="n2", priority=98, action="reboot")
     v = decide(JOB, [exc, during], CLEAN)  # near-miss: during the job, with an untimed exception: the Xid decides

@@ -1,0 +1,172 @@
+"""The cause policy as data: ``rules/policy.toml`` (shipped as ``slurm_attr.rulebook``).
+
+Which cause outranks which and why, what each makes other ranks report (cascade), which are
+hardware (checked against the kernel log, may drain), which are job-wide ends without a
+culprit: one table with its own cases, so that the engine (verdict.py and the steps in
+reason/) names no cause. A policy that does not validate stops every analysis with its
+reason, as a broken rule does.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Mapping, Optional, Sequence
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on older Pythons only
+    import tomli as tomllib
+
+from ..errors import RuleError
+
+FILE = "policy.toml"
+GROUPS = frozenset({"hardware", "claim", "rank_level", "echo", "unlocalised", "located"})
+DOMAINS = frozenset({"hardware", "network", "user", "scheduler", "infrastructure", "none", "unknown"})
+_CAUSE_KEYS = frozenset({"domain", "rank", "untrusted", "unconfirmed_path", "cascades", "groups", "why",
+                         "yields_to_own_failure"})
+
+
+@dataclass(frozen=True)
+class Cause:
+    name: str
+    domain: str
+    rank: int
+    untrusted: int
+    unconfirmed_path: int
+    cascades: frozenset[str]
+    groups: frozenset[str]
+    why: str
+    yields_to_own_failure: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    roots: tuple[Mapping[str, Any], ...]
+    expect: str
+
+
+@dataclass(frozen=True)
+class Policy:
+    causes: Mapping[str, Cause]
+    weak_roots: frozenset[str]
+    no_why: frozenset[str]
+    cases: tuple[Case, ...] = ()
+    _groups: Mapping[str, frozenset[str]] = field(default_factory=dict)
+
+    def group(self, name: str) -> frozenset[str]:
+        """The causes in a named group (GROUPS)."""
+        return self._groups[name]
+
+    def rank(self, cause: str, trusted: bool, unconfirmed_path: bool = False) -> int:
+        """How strongly a root of ``cause`` explains a job's end (higher wins)."""
+        c = self.causes.get(cause)
+        if c is None:
+            return 0
+        if trusted:
+            return c.rank
+        return c.unconfirmed_path if unconfirmed_path else c.untrusted
+
+    def cascades(self, cause: str) -> frozenset[str]:
+        c = self.causes.get(cause)
+        return c.cascades if c else frozenset()
+
+    def domain(self, cause: str) -> str:
+        c = self.causes.get(cause)
+        return c.domain if c else "unknown"
+
+    def winner(self, roots: Sequence[Mapping[str, Any]]) -> str:
+        """The cause that ranks highest among roots described as in a case."""
+        best = max(roots, key=lambda r: self.rank(r["cause"], bool(r.get("trusted")), bool(r.get("unconfirmed_path"))))
+        return str(best["cause"])
+
+
+def _fail(why: str) -> RuleError:
+    return RuleError(f"rules/{FILE}: {why}")
+
+
+def _names(v: Any, what: str) -> frozenset[str]:
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise _fail(f"{what}: expected a list of names")
+    return frozenset(v)
+
+
+def _cause(name: str, d: Any) -> Cause:
+    if not isinstance(d, dict):
+        raise _fail(f"[causes.{name}] must be a table")
+    unknown = set(d) - _CAUSE_KEYS
+    if unknown:
+        raise _fail(f"[causes.{name}]: unknown key {sorted(unknown)[0]!r}")
+    if d.get("domain") not in DOMAINS:
+        raise _fail(f"[causes.{name}] domain: one of {', '.join(sorted(DOMAINS))}")
+    rank = d.get("rank")
+    if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank <= 1000:
+        raise _fail(f"[causes.{name}] rank: an integer 0..1000")
+    untrusted = d.get("untrusted", rank)
+    path = d.get("unconfirmed_path", untrusted)
+    groups = _names(d.get("groups", []), f"[causes.{name}] groups")
+    if groups - GROUPS:
+        raise _fail(f"[causes.{name}] groups: unknown group {sorted(groups - GROUPS)[0]!r}")
+    if not isinstance(d.get("why"), str) or not d["why"]:
+        raise _fail(f"[causes.{name}] why: say why it ranks where it does")
+    return Cause(name, d["domain"], rank, int(untrusted), int(path),
+                 _names(d.get("cascades", []), f"[causes.{name}] cascades"), groups, d["why"],
+                 _names(d.get("yields_to_own_failure", []), f"[causes.{name}] yields_to_own_failure"))
+
+
+def parse(data: Mapping[str, Any]) -> Policy:
+    """The policy from the TOML table; RuleError naming what is wrong."""
+    if data.get("version") != 1:
+        raise _fail("version = 1 expected")
+    raw = data.get("causes")
+    if not isinstance(raw, dict) or not raw:
+        raise _fail("no [causes.*] tables")
+    causes = {name: _cause(name, d) for name, d in raw.items()}
+    for c in causes.values():
+        for other in c.cascades | c.yields_to_own_failure:
+            if other not in causes:
+                raise _fail(f"[causes.{c.name}] names {other!r}, which is no cause here")
+    cases = []
+    for i, case in enumerate(data.get("cases") or []):
+        roots = case.get("roots") if isinstance(case, dict) else None
+        if not isinstance(roots, list) or not roots or not all(isinstance(r, dict) and r.get("cause") in causes
+                                                                 for r in roots):
+            raise _fail(f"case {i}: roots must name causes of the table")
+        if case.get("expect") not in causes:
+            raise _fail(f"case {i}: expect must be a cause of the table")
+        cases.append(Case(str(case.get("name") or f"case {i}"), tuple(roots), case["expect"]))
+    groups = {g: frozenset(n for n, c in causes.items() if g in c.groups) for g in GROUPS}
+    return Policy(causes, _names(data.get("weak_roots", []), "weak_roots"),
+                  _names(data.get("no_why", []), "no_why"), tuple(cases), groups)
+
+
+def _policy_bytes() -> bytes:
+    pkg = importlib.import_module("slurm_attr.rulebook")
+    for path in getattr(pkg, "__path__", None) or ():
+        full = os.path.join(path, FILE)
+        if os.path.isfile(full):
+            with open(full, "rb") as f:
+                return f.read()
+    from importlib import resources
+
+    return resources.files("slurm_attr.rulebook").joinpath(FILE).read_bytes()
+
+
+@lru_cache(maxsize=1)
+def load() -> Policy:
+    """The shipped policy (read once per process)."""
+    try:
+        data = tomllib.loads(_policy_bytes().decode())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+        raise _fail(f"unreadable: {err}") from err
+    return parse(data)
+
+
+def check_cases(policy: Optional[Policy] = None) -> list[str]:
+    """Every case's failure, as a line; [] when all hold."""
+    p = policy or load()
+    return [f"policy case {c.name!r}: expected {c.expect}, got {got}"
+            for c in p.cases for got in [p.winner(c.roots)] if got != c.expect]

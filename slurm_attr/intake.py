@@ -88,9 +88,16 @@ def load(cfg: Config, key: str) -> dict[str, Any] | None:
 
 
 def record(cfg: Config, key: str, job: dict[str, Any], note: str = "") -> dict[str, Any]:
-    """Mark the job pending (keeping an earlier entry's ``since`` and attempts)."""
+    """Mark the job pending (keeping an earlier entry's ``since`` and attempts).
+
+    A new entry's first try is its own analyser's (the hook starts one per job, which waits
+    for the job's node parts): another process's sweep (``retry_due`` after its own job)
+    takes it only once that analyser had its time, node wait and analysis limit. Swept at
+    once, a job was analysed before its last node's part landed and stored `unknown`
+    moments before its own analysis stored the real verdict (seen on the 26.05 cluster)."""
     now = time.time()
-    doc = load(cfg, key) or {"key": key, "since": now, "attempts": 0, "last_error": "", "next_try": now}
+    first = now + cfg.analysis.node_wait_s + cfg.analysis.timeout_s
+    doc = load(cfg, key) or {"key": key, "since": now, "attempts": 0, "last_error": "", "next_try": first}
     doc["job"] = job
     doc["job_id"] = str(job.get("job_id") or key.split(".r")[0])
     if note:

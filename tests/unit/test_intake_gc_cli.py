@@ -114,7 +114,11 @@ def test_show_of_a_partial_verdict_says_it_is_still_pending(cli, cfg):
 
 
 def test_retry_command_attempts_due_jobs(cli, cfg, monkeypatch):
-    intake.record(cfg, "80", {"job_id": "80"})
+    long_ago = time.time() - 3600
+    with monkeypatch.context() as m:  # recorded long ago: its own analyser had its time
+        m.setattr(intake.time, "time", lambda: long_ago)
+        intake.record(cfg, "80", {"job_id": "80"})
+    intake.record(cfg, "81", {"job_id": "81"})  # near miss: just ended, its own analyser's
     calls = []
     monkeypatch.setattr(retry, "process", lambda c, key, **k: calls.append(key) or "stored")
     monkeypatch.setattr("slurm_attr.reconcile.reconcile_all", lambda store, slurm: 0)

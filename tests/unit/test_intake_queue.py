@@ -88,3 +88,15 @@ def test_describe_says_since_and_last_error(cfg):
     assert text.startswith("pending since ") and "1 attempt," in text and text.endswith("last error: database is locked")
     intake.record(cfg, "9", {"job_id": "9"})
     assert intake.describe(intake.load(cfg, "9")).endswith("last error: -")
+
+
+def test_a_new_job_is_its_own_analysers_before_a_sweep_takes_it(cfg):
+    """The hook's analyser of job 8 runs it at once (process); a sweep after another job's
+    analysis (due) leaves it until that analyser had its node wait and time limit."""
+    doc = intake.record(cfg, "8", {"job_id": "8", "nodes": ["n1", "n2"]})
+    assert intake.due(cfg, now=doc["since"] + 1) == []
+    later = doc["since"] + cfg.analysis.node_wait_s + cfg.analysis.timeout_s + 1
+    assert [d["key"] for d in intake.due(cfg, now=later)] == ["8"]
+    # near miss: recorded again (the hook ran twice), the entry keeps its own schedule
+    again = intake.record(cfg, "8", {"job_id": "8"})
+    assert again["next_try"] == doc["next_try"] and again["since"] == doc["since"]

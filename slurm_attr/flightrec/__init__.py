@@ -6,7 +6,8 @@ Layout (one module per thing it owns):
 - ``trace``       validated per-rank records (signatures interned, strict rank lists)
 - ``loader``      finding dumps in a bundle, prefix detection, parallel loading
 - ``groups``      process groups and their expected members
-- ``analysis``    per-group alignment by seq id, majority vote, root vs cascade
+- ``vote``        per-group alignment by seq id and majority vote (windows that differ abstain)
+- ``analysis``    stuck and missing ranks, root vs cascade
 - ``siblings``    tie-breaking in two-member groups by groups of the same shape
 - ``symptoms``    findings -> Symptom / Coverage
 - ``matrix``      the rank x sequence matrix and its terminal rendering
@@ -42,9 +43,10 @@ NO_DUMPS = "no Flight Recorder dumps found"
 # or the analysis's modules, whose import is a tenth of a one-log analysis. They load on first use.
 _LAZY = {"Analysis": "analysis", "Finding": "analysis", "DumpSet": "loader", "load_dumps": "loader",
          "Matrix": "matrix", "build_matrix": "matrix", "Report": "report", "inspect": "report",
-         "DumpError": "types"}
+         "DumpError": "types",
+         "_workers": "report"}  # bench/bench_flightrec.py sizes its memory bound with it
 _SUBMODULES = {"analysis", "groups", "html", "loader", "matrix", "report", "safepickle", "siblings", "symptoms",
-               "trace", "types"}
+               "trace", "types", "vote"}
 
 
 def __getattr__(name: str) -> Any:

@@ -1,14 +1,7 @@
 """Who broke the collective: matching ranks per group, majority vote, root vs cascade.
 
-Per process group, ranks are aligned by ``collective_seq_id`` over the window
-every member's buffer still holds (ring buffers wrap differently per rank). At
-each sequence number the members vote on the signature (op, sizes, dtypes); the
-minority is the culprit, never "whoever sorted first". Ties (two-rank groups)
-are broken by what the group's own history says follows the previous
-collective, then by sibling groups of the same shape (siblings.py), then by how
-common each signature is; a tie that stays names both sides, ambiguous. The
-first divergence is classified: a skipped collective (the culprit issued what
-the others issue next), a different op, size or dtype.
+Per process group the members vote on the signature at each sequence number
+(vote.py); one whose dump window does not hold it abstains and is never its culprit.
 
 A member whose last enqueued collective is below the others', while the others
 wait in the next one, never reached it. Such a rank is the root (``rank_stuck``)
@@ -24,14 +17,13 @@ set are the ones whose order differs.
 from __future__ import annotations
 
 import functools
-from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 
 from .groups import Group, build_groups, order_key, world_ranks
 from .loader import DumpSet
-from .siblings import sibling_votes
-from .types import NO_SIG, Sig
+from .types import NO_SIG
+from .vote import vote
 
 MISMATCH_KINDS = ("skip", "op", "size", "dtype", "order")
 
@@ -60,7 +52,9 @@ class Finding:
     tied_with: tuple[int, ...] = ()  # an undecided tie: the ranks on the other side
     weak: bool = False  # no_dump: the others' op may have ended (Gloo): a root only if it blocks someone
     membership_inferred: bool = False  # no_dump: the rank's membership of the group is inferred, not listed
-    tie_break: str = ""  # how a tied vote was decided (history | siblings | frequency), "" if it was not tied
+    tie_break: str = ""  # how a tied vote was decided (history | siblings | later | frequency), "" if it was not tied
+    first_compared: bool = False  # mismatch: compared with no other rank before seq (it may have diverged earlier)
+    abstained: tuple[int, ...] = ()  # mismatch: members with a dump whose window does not hold seq (they did not vote)
 
 
 @dataclass
@@ -77,134 +71,18 @@ class Analysis:
     context: list[Finding] = field(default_factory=list)
 
 
-@dataclass
-class _Class:
-    """Members of a group with identical sequences over the compared window."""
-
-    hi: int
-    sigs: array
-    ranks: list[int]
-
-
-def _classes(ds: DumpSet, g: Group) -> tuple[int, int, list[_Class]]:
-    streams = {}
-    for r in g.members:
-        tr = ds.traces.get(r)
-        if tr is not None and g.name in tr.streams:
-            streams[r] = tr.streams[g.name]
-    if len(streams) < 2:
-        return 0, -1, []
-    lo = max(st.lo for st in streams.values())
-    hi = max(st.hi for st in streams.values())
-    by_key: dict[tuple[int, bytes], _Class] = {}
-    for r, st in streams.items():
-        if st.hi < lo:
-            continue
-        part = st.sigs[lo - st.lo :]
-        key = (st.hi, part.tobytes())
-        c = by_key.get(key)
-        if c is None:
-            c = by_key[key] = _Class(hi=st.hi, sigs=part, ranks=[])
-        c.ranks.append(r)
-    return lo, hi, sorted(by_key.values(), key=lambda c: c.ranks[0])
-
-
-def _sig_diff(a: Sig, b: Sig) -> str:
-    if a.op != b.op:
-        return "op"
-    if a.input_sizes != b.input_sizes or a.output_sizes != b.output_sizes:
-        return "size"
-    if a.input_dtypes != b.input_dtypes or a.output_dtypes != b.output_dtypes:
-        return "dtype"
-    return "op"
-
-
 def _vote(ds: DumpSet, g: Group, an: Analysis) -> list[Finding]:
-    """Majority vote per seq; a Finding for each rank at its first divergence."""
-    lo, hi, classes = _classes(ds, g)
-    if len(classes) <= 1:
-        if lo <= hi:
-            an.windows[g.name] = (lo, hi)
-        return []
-    an.windows[g.name] = (lo, hi)
-    longest = max(classes, key=lambda c: len(c.sigs))
-    if all(c.sigs == longest.sigs[: len(c.sigs)] for c in classes):
-        return []  # they differ only in how far they got: that is for _behind
-    weight = [len(c.ranks) for c in classes]
-    out_of = set()  # classes that already diverged: their later entries are shifted
-    consensus: dict[int, int] = {}
-    succ: dict[int, set[int]] = {}
-    pending: list[tuple[int, int, int, int, bool, list[int], str]] = []  # (seq, class, sig, majority sig, ambiguous, majority classes, tie break)
-    freq: Counter[int] = Counter()
-    for c, w in zip(classes, weight):
-        for s in set(c.sigs):
-            freq[s] += c.sigs.count(s) * w
-    for k in range(lo, hi + 1):
-        i = k - lo
-        votes: dict[int, list[int]] = {}
-        for ci, c in enumerate(classes):
-            if ci not in out_of and i < len(c.sigs) and c.sigs[i] != NO_SIG:
-                votes.setdefault(c.sigs[i], []).append(ci)
-        if not votes:
-            continue
-        if len(votes) == 1:
-            maj = next(iter(votes))
-            ambiguous = False
-        else:
-            wsum = {s: sum(weight[ci] for ci in cis) for s, cis in votes.items()}
-            top = max(wsum.values())
-            tops = [s for s in votes if wsum[s] == top]
-            ambiguous = False
-            tie_break = ""
-            if len(tops) == 1:
-                maj = tops[0]
-            else:
-                # A tie (a two-member group cannot vote): first what this group's own program
-                # did after the previous collective, then what sibling groups of the same shape
-                # (TP0 vs TP1) issued at this seq, then how common each signature is here.
-                prev = consensus.get(k - 1)
-                follows = succ.get(prev, set()) if prev is not None else set()
-                sib = sibling_votes(ds, an.groups, g, k, consensus, lo)
-                def score(s: int) -> tuple[bool, int, int]:
-                    return (s in follows, sib[s], freq[s])
-                scored = sorted(tops, key=lambda s: (*score(s), -min(classes[ci].ranks[0] for ci in votes[s])), reverse=True)
-                a, b = score(scored[0]), score(scored[1])
-                ambiguous = a == b
-                maj = scored[0]
-                if not ambiguous:
-                    tie_break = "history" if a[0] != b[0] else "siblings" if a[1] != b[1] else "frequency"
-            for s, cis in votes.items():
-                if s != maj:
-                    for ci in cis:
-                        out_of.add(ci)
-                        pending.append((k, ci, s, maj, ambiguous, votes[maj], tie_break))
-            if ambiguous:
-                # Still tied: nobody can say which side broke it. Both sides are named.
-                others = [ci for s, cis in votes.items() if s != maj for ci in cis]
-                for ci in votes[maj]:
-                    out_of.add(ci)
-                    pending.append((k, ci, maj, next(s for s in votes if s != maj), True, others, ""))
-        prev = consensus.get(k - 1)
-        consensus[k] = maj
-        if prev is not None:
-            succ.setdefault(prev, set()).add(maj)
-    findings = []
-    for k, ci, s, maj, ambiguous, maj_cis, tie_break in pending:
-        nxt = consensus.get(k + 1)
-        if nxt is not None:
-            skipped = s == nxt
-        else:
-            skipped = s in succ.get(maj, set()) and s != maj
-        a, b = ds.sigs.get(s), ds.sigs.get(maj)
-        kind = "skip" if skipped else (_sig_diff(a, b) if a and b else "op")
-        maj_ranks = tuple(sorted(r for c in maj_cis for r in classes[c].ranks))
-        truncated = k == lo and any(ds.traces[r].history_truncated for c in classes for r in c.ranks[:1])
-        for r in classes[ci].ranks:
-            findings.append(Finding(kind=kind, pg=g.name, seq=k, rank=r, sig=s, majority_sig=maj, majority_ranks=maj_ranks,
-                                    waiting=maj_ranks, ambiguous=ambiguous, at_window_start=truncated,
-                                    confidence="low" if ambiguous else "medium" if tie_break == "frequency" else "high",
-                                    tied_with=maj_ranks if ambiguous else (), tie_break=tie_break))
-    return findings
+    """The group's majority vote (vote.py): a Finding for each rank at its first divergence."""
+    v = vote(ds, an.groups, g)
+    if v.window is not None:
+        an.windows[g.name] = v.window
+    return [Finding(kind=d.kind, pg=g.name, seq=d.seq, rank=r, sig=d.sig, majority_sig=d.majority_sig,
+                    majority_ranks=d.majority_ranks, waiting=d.majority_ranks, ambiguous=d.ambiguous,
+                    at_window_start=d.at_window_start,
+                    confidence="low" if d.ambiguous else "medium" if d.tie_break == "frequency" else "high",
+                    tied_with=d.majority_ranks if d.ambiguous else (), tie_break=d.tie_break,
+                    first_compared=d.first_compared, abstained=d.abstained)
+            for d in v.divergences for r in d.ranks]
 
 
 def _waits(ds: DumpSet, g: Group, a: int, seq: int) -> int | None:

@@ -13,7 +13,7 @@ from ..model import Coverage, Symptom
 from .analysis import Analysis, analyse
 from .groups import world_ranks
 from .loader import DEFAULT_TAIL_ENTRIES, DumpSet, load_dumps, reload_full
-from .symptoms import coverage, to_symptoms
+from .symptoms import coverage, to_symptoms, window_coverage
 
 
 @dataclass
@@ -55,5 +55,5 @@ def inspect(source: Bundle | str, cfg: Config | None = None, tail_entries: int |
             reload_full(ds, wanted, cap=cap, workers=workers)
             an = analyse(ds)
     symptoms = to_symptoms(ds, an, read_stacks=read_stacks)
-    cov = coverage(ds, world_ranks(ds))
+    cov = coverage(ds, world_ranks(ds)) + window_coverage(ds, an)
     return Report(dumps=ds, analysis=an, symptoms=symptoms, coverage=cov, seconds=time.monotonic() - t0)

@@ -15,7 +15,7 @@ from .. import jobtext
 from ..model import Coverage, Evidence, Symptom
 from . import NO_DUMPS
 from .analysis import Analysis, Finding
-from .groups import Group
+from .groups import Group, order_key
 from .loader import DumpSet, load_entry
 from .types import Sig
 
@@ -197,6 +197,10 @@ class _Builder:
             fields["tied_with"] = _capped(f.tied_with)
         if f.tie_break:
             fields["tie_break"] = f.tie_break
+        if f.abstained:
+            fields["abstained_ranks"] = _capped(f.abstained)
+        if f.first_compared:
+            fields["first_compared"] = True
         if f.kind == "order" and f.blocked_in:
             pg, seq = next(iter(f.blocked_in.values()))
             fields["waits_in"] = {"pg": clean(pg, 80), "collective_seq_id": seq}
@@ -221,13 +225,17 @@ class _Builder:
         n = len([r for r in f.majority_ranks if r != f.rank])
         others = f"the other {n} rank{'s' if n != 1 else ''}"
         maj = _describe(d, "majority")
+        # a divergence seen at the first collective its dump shares with the others may lie further back
+        earlier = f"; #{f.seq} is the first collective its dump shares with another rank's, so it diverged at or before #{f.seq}" \
+            if f.first_compared else ""
         if f.kind == "skip":
-            return f"rank {f.rank} skipped {maj} (collective #{f.seq} of {label}): it called {_describe(d, 'culprit')} there, which {others} call next"
+            return (f"rank {f.rank} skipped {maj} (collective #{f.seq} of {label}): it called {_describe(d, 'culprit')} there, "
+                    f"which {others} call next{earlier}")
         if f.kind == "op":
             return (f"rank {f.rank} called {_op(d, 'culprit_op')} where {others} of {label} called "
-                    f"{_op(d, 'majority_op')} (collective #{f.seq})")
+                    f"{_op(d, 'majority_op')} (collective #{f.seq}){earlier}")
         if f.kind in ("size", "dtype"):
-            return f"rank {f.rank} passed {_describe(d, 'culprit')} where {others} of {label} passed {maj} (collective #{f.seq})"
+            return f"rank {f.rank} passed {_describe(d, 'culprit')} where {others} of {label} passed {maj} (collective #{f.seq}){earlier}"
         if f.kind == "order":
             w = d.get("waits_in")
             there = f"waits in PG {w['pg']} #{w['collective_seq_id']}" if w else "waits in another group"
@@ -320,4 +328,41 @@ def coverage(ds: DumpSet, world: set[int]) -> list[Coverage]:
             per.setdefault(ds.node_of(r), []).append(r)
         for node, ranks in sorted(per.items(), key=lambda kv: (kv[0] is None, kv[0] or "")):
             out.append(Coverage(source="fr", node=node, status="missing", detail=f"no dump for rank{'s' if len(ranks) != 1 else ''} {ranges(ranks)}"))
+    return out
+
+
+def window_coverage(ds: DumpSet, an: Analysis) -> list[Coverage]:
+    """Where the ranks' dump windows differ at a divergence: who abstained from its vote (its ring buffer
+    wrapped past it, or the dump ends before it), and whose divergence may lie before its own window."""
+    abstained: dict[tuple[str, int], tuple[int, ...]] = {}
+    unseen: dict[tuple[str, int, bool], list[int]] = {}
+    for f in an.roots:
+        if f.rank is None or f.kind not in ("skip", "op", "size", "dtype"):
+            continue
+        if f.abstained:
+            abstained.setdefault((f.pg, f.seq), f.abstained)
+        if f.first_compared:
+            st = ds.traces[f.rank].streams.get(f.pg) if f.rank in ds.traces else None
+            unseen.setdefault((f.pg, f.seq, st is not None and st.lo == f.seq), []).append(f.rank)
+    out = []
+    for (pg, seq), ranks in sorted(abstained.items(), key=lambda kv: (order_key(kv[0][0]), kv[0][1])):
+        g = an.groups[pg]
+        held = [r for r in g.members if r in ds.traces and r not in ranks]
+        n = "s" if len(ranks) != 1 else ""
+        text = (f"PG {g.label} #{seq}: rank{n} {ranges(ranks)} abstained, {'their dumps do' if n else 'its dump does'} not hold "
+                f"#{seq} ({'their ring buffers' if n else 'its ring buffer'} wrapped past it, or the dump ends before it); "
+                f"#{seq} is held by rank{'s' if len(held) != 1 else ''} {ranges(held)}")
+        out.append(Coverage(source="fr", node=None, status="truncated", detail=clean(text, 400)))
+    for (pg, seq, own), ranks in sorted(unseen.items(), key=lambda kv: (order_key(kv[0][0]), kv[0][1])):
+        one = len(ranks) == 1
+        who, it = (f"rank {ranges(ranks)}", "it") if one else (f"ranks {ranges(ranks)}", "they")
+        if own:
+            text = (f"PG {an.groups[pg].label} #{seq}: {who}'s dump{'' if one else 's'} begin{'s' if one else ''} at #{seq}, so {it} "
+                    f"{'was' if one else 'were'} compared with no other rank before: {it} may have diverged earlier, where "
+                    f"{'its ring buffer no longer reaches' if one else 'their ring buffers no longer reach'}")
+        else:
+            text = (f"PG {an.groups[pg].label} #{seq}: the other ranks' dumps begin at #{seq}, so {who} {'was' if one else 'were'} "
+                    f"compared with no other rank before: {it} may have diverged earlier, where only "
+                    f"{'its own dump reaches' if one else 'their own dumps reach'}")
+        out.append(Coverage(source="fr", node=None, status="truncated", detail=clean(text, 400)))
     return out

@@ -37,7 +37,7 @@ class Scenario:
     steps: int = 4
     tp: int = 0  # tensor-parallel group size; 0: world group only
     extra: tuple[int, ...] = ()  # ranks that also all_reduce on an extra group every step
-    fault: str | None = None  # skip | op | size | dtype | stuck | tp_size
+    fault: str | None = None  # skip | op | size | dtype | dtype_same_width | stuck | tp_size
     rank: int = 0  # the faulty rank
     step: int = 3  # the faulty step
     buffer: int = 2000  # TORCH_FR_BUFFER_SIZE
@@ -59,6 +59,9 @@ SCENARIOS = {
         Scenario("stuck", fault="stuck", rank=3),
         Scenario("subgroup", tp=2, fault="tp_size", rank=5),
         Scenario("wrap", steps=12, extra=(0, 1, 2, 3), fault="size", rank=6, step=11, buffer=20),
+        # rank 5 all_reduces int32 grads once, at step 2 (#3): as wide as float32, so Gloo does not abort and the
+        # job runs to its end; ranks 0-3 also use an extra group, so their rings (30 entries) wrapped past #3
+        Scenario("wrap_past", steps=10, extra=(0, 1, 2, 3), fault="dtype_same_width", rank=5, step=2, buffer=30),
         Scenario("long", world=2, steps=1000, snap_every=False),  # full 2000-entry rings: read head + tail
         # rank 3 issues the mirror group's all_reduce before the world's reduce_loss at step 3: a deadlock
         Scenario("order", mirror=True, fault="order", rank=3),
@@ -172,11 +175,13 @@ def _rank_main(sc: Scenario, rank: int, out: str, port: int) -> None:
 
     def sync_grads(step: int) -> None:
         key = "dp" if sc.tp else "world"
-        fault_here = step == sc.step and sc.fault in ("size", "dtype", "stuck")
+        fault_here = step == sc.step and sc.fault in ("size", "dtype", "dtype_same_width", "stuck")
         if fault_here and f_rank and sc.fault == "size":
             coll(key, dist.all_reduce, torch.ones(1000), faulty=True)
         elif fault_here and f_rank and sc.fault == "dtype":
             coll(key, dist.all_reduce, grads.half(), faulty=True)
+        elif fault_here and f_rank and sc.fault == "dtype_same_width":
+            coll(key, dist.all_reduce, grads.int(), faulty=True)
         elif fault_here and f_rank and sc.fault == "stuck":
             with open(os.path.join(out, "expected.json"), "w") as f:
                 json.dump({"culprit": rank, "pg": name(key), "seq": seq[key] + 1}, f)

@@ -121,7 +121,29 @@ def test_wrapped_buffers_differ_per_rank(dumps: Path) -> None:
     assert all(tr.n_entries == 20 for tr in traces.values())  # TORCH_FR_BUFFER_SIZE=20: every ring wrapped
     lo = {r: tr.streams["0"].lo for r, tr in traces.items()}
     assert lo[0] > lo[7] > 1  # ranks 0-3 also used an extra group: their window is shorter
-    assert rep.analysis.windows["0"][0] == max(lo.values())
+    # every seq some rank still holds is voted on; ranks 0-3 abstain before their window (issue 22)
+    assert rep.analysis.windows["0"][0] == min(lo.values())
+    (s,) = _roots(rep)
+    assert s.rank == 6 and "abstained_ranks" not in s.fields  # every ring still holds the faulty #26
+
+
+def test_rings_wrapped_past_the_divergence_abstain(dumps: Path) -> None:
+    """Rank 5 all_reduced int32 grads once (#3) and the job ran on to its end; ranks 0-3's rings (30 entries, an
+    extra group) no longer hold #3. They abstain: ranks 4-7 vote, rank 5 is named at #3 and nobody else (before
+    issue 22 only the seqs every ring held were compared, from #5 on: nothing was found)."""
+    d = dumps / "wrap_past"
+    exp = _expected(d)
+    assert (exp["culprit"], exp["pg"], exp["seq"]) == (5, "0", 3)
+    rep = flightrec.inspect(str(d))
+    traces = rep.dumps.traces
+    assert {r: traces[r].streams["0"].lo for r in traces} == {**{r: 5 for r in range(4)}, **{r: 1 for r in range(4, 8)}}
+    (s,) = _roots(rep)
+    assert (s.rank, s.fields["collective_seq_id"], s.fields["kind"]) == (5, 3, "dtype")
+    assert (s.fields["culprit_dtypes"], s.fields["majority_dtypes"], s.fields["majority_ranks"]) == (["Int"], ["Float"], [4, 6, 7])
+    assert s.fields["abstained_ranks"] == [0, 1, 2, 3]
+    assert [c.detail for c in rep.coverage if c.status == "truncated"] == [
+        "PG 0 (default_pg) #3: ranks 0-3 abstained, their dumps do not hold #3 (their ring buffers wrapped past it, "
+        "or the dump ends before it); #3 is held by ranks 4-7"]
 
 
 def test_missing_dump_of_a_bystander(dumps: Path) -> None:

@@ -188,8 +188,8 @@ def test_hang_with_a_missing_dump_blames_the_missing_rank(tmp_path: Path) -> Non
     assert any(c.status == "missing" and "rank 2" in c.detail for c in rep.coverage)
 
 
-def test_wrapped_buffers_compare_only_the_overlap(tmp_path: Path) -> None:
-    """Rank 0 also talks on group '1', so its ring holds fewer of group '0's collectives."""
+def test_wrapped_buffers_compare_every_seq_some_rank_holds(tmp_path: Path) -> None:
+    """Rank 0 also talks on group '1', so its ring holds fewer of group '0's collectives: it abstains before #29."""
     groups = {"0": [0, 1, 2, 3], "1": [0, 5]}
     full = program([("all_reduce", 8), ("all_reduce", 1)], 20)
     full[37]["input_sizes"] = full[37]["output_sizes"] = [[2]]  # rank 2's fault, below
@@ -206,8 +206,9 @@ def test_wrapped_buffers_compare_only_the_overlap(tmp_path: Path) -> None:
     write(tmp_path, 5, [E("1", s, "all_reduce", ((5,),)) for s in range(29, 41)], groups)
     ds = load_dumps(str(tmp_path))
     an = analyse(ds)
-    assert an.windows["0"] == (29, 40)
+    assert an.windows["0"] == (16, 40)  # the union: #16-#28 are voted on by ranks 1-3
     assert roots(tmp_path) == [("fr.collective_mismatch", 2, "0", 38, "size")]
+    assert [f.abstained for f in an.roots] == [()]  # every rank holds #38
 
 
 def test_downstream_groups_are_cascade_not_roots(tmp_path: Path) -> None:

@@ -56,7 +56,7 @@ def recurrent_xid(symptoms: Sequence[Symptom], job: Mapping[str, Any], history: 
             id="gpu.xid_recurrent", cause="gpu_hardware", role="root", priority=92, trusted=True,
             node=s.node, gpu=s.gpu, action="drain",
             summary=f"Xid {xid} on {s.node} GPU {s.gpu} in {len(others) + 1} jobs within 7 days: suspect the GPU",
-            fields={"xid": int(xid), "jobs": others}, evidence=ev,
+            fields={"xid": int(xid), "jobs": others, "escalates": [s.id]}, evidence=ev,
         ))
     return out
 

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Mapping, Optional
+
 from . import read_table
-from typing import Mapping, Optional
 
 from slurm_attr.errors import RuleError
 from slurm_attr.model import ACTION_KINDS, CAUSES, ROLES, Symptom
-from slurm_attr.rules.pyrule import DocTable
+from slurm_attr.rules.pyrule import DocTable, JobRefiner, RefinerCase
 
 from . import xid74
 
@@ -184,4 +186,65 @@ DOC_TABLES = [
         rows=[(str(r.xid), f"gpu.xid_{r.xid}", r.cause, r.role, r.action, str(r.priority), r.bucket, r.meaning)
               for r in sorted(TABLE.values(), key=lambda r: r.xid)],
     )
+]
+
+
+# ---- job-wide: a second Xid that is the first one's consequence ------------------------------
+XID_CASCADE_WINDOW_S = 60.0
+
+
+def _seconds(s: Symptom) -> Optional[float]:
+    """The line's time: its uptime stamp, or its wall-clock time (both seconds, one node's clock)."""
+    up = s.fields.get("uptime")
+    if isinstance(up, (int, float)):
+        return float(up)
+    if s.time:
+        try:
+            return datetime.fromisoformat(s.time.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return None
+    return None
+
+
+def _line(s: Symptom) -> tuple[str, int]:
+    ev = s.evidence[0] if s.evidence else None
+    return (ev.path or "", ev.line or 0) if ev else ("", 0)
+
+
+def xid_109_after_13(syms: list[Symptom], job: Mapping[str, Any]) -> None:
+    """A context-switch timeout (Xid 109) seconds after a graphics exception (Xid 13) on the same
+    GPU is the same program fault, not a second (hardware) one: cascade, no action."""
+    xid13 = [s for s in syms if s.id == "gpu.xid_13" and s.gpu]
+    for s in syms:
+        if s.id != "gpu.xid_109" or s.role != "root":
+            continue
+        for first in xid13:
+            if first.node != s.node or first.gpu != s.gpu:
+                continue
+            a, b = _seconds(first), _seconds(s)
+            before = _line(first)[0] == _line(s)[0] and _line(first)[1] <= _line(s)[1]
+            if (a is not None and b is not None and 0 <= b - a <= XID_CASCADE_WINDOW_S) or ((a is None or b is None) and before):
+                s.role, s.action, s.status.caused_by = "cascade", "none", first.id
+                break
+
+
+def _xid_pair(dt: float, gpu2: str = "0000:3b:00") -> list[Symptom]:
+    def x(n: int, gpu: str, up: float) -> Symptom:
+        return Symptom(id=f"gpu.xid_{n}", cause="user_error" if n == 13 else "gpu_hardware", role="root", trusted=True,
+                       node="n1", gpu=gpu, action="none" if n == 13 else "reset", fields={"uptime": up})
+    return [x(13, "0000:3b:00", 100.0), x(109, gpu2, 100.0 + dt)]
+
+
+JOB_REFINERS = [
+    JobRefiner(
+        id="gpu.xid_109_after_13",
+        description="An Xid 109 (context-switch timeout) within 60 s after an Xid 13 on the same GPU is the program's "
+                    "fault seen twice: the 109 becomes the 13's cascade and drains nothing.",
+        run=xid_109_after_13,
+        cases=[
+            RefinerCase(lambda: _xid_pair(5.0), ["root", "cascade"]),
+            RefinerCase(lambda: _xid_pair(600.0), ["root", "root"]),  # near miss: ten minutes later
+            RefinerCase(lambda: _xid_pair(5.0, "0000:5e:00"), ["root", "root"]),  # near miss: another GPU
+        ],
+    ),
 ]

@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from slurm_attr.model import Evidence, Symptom
-from slurm_attr.rules.pyrule import HistoryCase, HistoryRule, job_facts_text, job_int, job_state
+from slurm_attr.rules.pyrule import (HistoryCase, HistoryRule, JobRefiner, RefinerCase, job_facts_text, job_int,
+                                     job_state)
 
 # States in which a SIGKILL comes from the scheduler itself, not from a memory killer.
 _SCHEDULER_KILLS = {"TIMEOUT", "CANCELLED", "PREEMPTED", "DEADLINE", "NODE_FAIL"}
@@ -56,4 +57,31 @@ HISTORY_RULES = [
             HistoryCase([], {}, [], job={"job_id": "4242", "state": "FAILED", "exit_code": 137}),
         ],
     )
+]
+
+
+def oom_of_another_job(syms: list[Symptom], job: Mapping[str, Any]) -> None:
+    """An OOM kill in another job's cgroup on a shared node (the kernel line names its job) is
+    that job's, not ours: context."""
+    ours = str(job.get("job_id", "")).split("_")[0]
+    for s in syms:
+        if s.cause == "host_oom" and s.fields.get("job") and str(s.fields["job"]) != ours:
+            s.role, s.status.other_job = "context", True
+
+
+def _oom(job_in_cgroup: str) -> list[Symptom]:
+    return [Symptom(id="host.oom_kill", cause="host_oom", role="root", trusted=True, node="n1",
+                    fields={"job": job_in_cgroup, "comm": "python"})]
+
+
+JOB_REFINERS = [
+    JobRefiner(
+        id="host.oom_of_another_job",
+        description="A kernel OOM kill whose cgroup names another job (a shared node) is that job's: context here.",
+        run=oom_of_another_job,
+        cases=[
+            RefinerCase(lambda: _oom("5151"), ["context"], job={"job_id": "100"}),
+            RefinerCase(lambda: _oom("100"), ["root"], job={"job_id": "100_7"}),  # near miss: our own (array task)
+        ],
+    ),
 ]

@@ -70,7 +70,10 @@ def run_bundle(path: str, cfg: Config, history: object | None = None, job: dict 
         job["ranks"] = {str(r): n for r, n in bundle.ranks().items()}
     _bound_output_times(bundle, cfg, symptoms, job)
     _mark_attributed(bundle, symptoms)
-    v = verdict_mod.decide(job, symptoms, coverage, history=history)  # type: ignore[arg-type]
+    from .rules.jobwide import before_verdict
+
+    symptoms = before_verdict(symptoms, job, history)  # type: ignore[arg-type]  # the catalog's job-wide rules
+    v = verdict_mod.decide(job, symptoms, coverage)
     log.debug("analysed %s in %.0f ms", path, (time.monotonic() - t0) * 1000)
     return v
 

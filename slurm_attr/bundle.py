@@ -230,7 +230,7 @@ class Bundle:
         return out
 
     def attributed_keys(self) -> dict[str, str]:
-        """{ledger line key: owning job} over every node (see collect/ledger.line_key)."""
+        """{ledger line key: owning job} over every node (see collect/kernel.line_key)."""
         cached = self.__dict__.get("_attributed_keys")
         if cached is not None:  # asked once per trusted symptom: 2,000 of them cost 0.3 s uncached
             return cached
@@ -264,7 +264,7 @@ class Bundle:
                     keys = self.attributed_keys()
                 if not keys:
                     continue  # no ledger lines at all: no line key to compute (nor its import, per line)
-                from .collect.ledger import line_key
+                from .collect.kernel import line_key
 
                 owner = keys.get(line_key(symptom.node, e.text))
                 if owner:

@@ -111,14 +111,14 @@ def _run(cfg: Config, job_id: str, node: str, kernel: "bytes | str", slurm: Any,
     catalog_ms = (time.monotonic() - tc) * 1000
     tx = time.monotonic()
     symptoms = extract_lines(catalog, "kernel", node, rel, lines)
-    # The same refinement as the central analysis, on this node's lines alone: an Xid 109
-    # after an Xid 13 on the same GPU is one program fault (cascade, no action), Xid 45 is
-    # never a root. Only what stays a root may drain.
-    from .verdict import decide
+    # The catalog's own job-wide refinement, as the central analysis runs it, on this node's
+    # lines alone: an Xid 109 after an Xid 13 on the same GPU is one program fault (cascade, no
+    # action). Only what stays a root may drain.
+    from .rules.jobwide import refine
 
-    refined = decide({"job_id": job_id, "nodes": [node]}, symptoms, [])
+    refine(symptoms, {"job_id": job_id, "nodes": [node]}, catalog)
     extract_ms = (time.monotonic() - tx) * 1000
-    fatal = fatal_symptoms([s for s in refined.symptoms if s.role == "root"], node)
+    fatal = fatal_symptoms([s for s in symptoms if s.role == "root"], node)
     if not fatal:
         log.info("fast path on %s: nothing fatal in %d kernel lines (catalog %.0f ms, match %.0f ms)",
                  node, len(lines), catalog_ms, extract_ms)

@@ -11,9 +11,11 @@ from typing import Any
 
 # The cause words and their domains (DESIGN.md §4) are the policy table's (rules/policy.toml,
 # reason/policy.py): ``CAUSES`` (cause -> domain) is read from it on first use.
+UNKNOWN_JOB = "unknown"  # the job id of facts that name none
 ROLES = ("root", "cascade", "confirmation", "context")
 COVERAGE_STATUSES = ("ok", "missing", "error", "truncated")
 ACTION_KINDS = ("drain", "reboot", "reset", "none")
+NO_ACTION = "none"
 
 # Evidence sources and whether the job could have written them (DESIGN.md §5).
 # Only trusted evidence may lead to a drain or reboot.
@@ -251,6 +253,8 @@ class Verdict:
     symptoms: list[Symptom] = field(default_factory=list)
     coverage: list[Coverage] = field(default_factory=list)
     actions: list[Action] = field(default_factory=list)
+    # Why the cause won, as the reasoning decided it: "gpu.xid_74 on n7 over user_error: ..."
+    reasoning: list[str] = field(default_factory=list)
 
     @property
     def domain(self) -> str:
@@ -279,6 +283,7 @@ class Verdict:
             "symptoms": [s.to_dict() for s in self.symptoms],
             "coverage": [c.to_dict() for c in self.coverage],
             "actions": [a.to_dict() for a in self.actions],
+            "reasoning": list(self.reasoning),
         }
 
     @classmethod
@@ -296,4 +301,5 @@ class Verdict:
             symptoms=[Symptom.from_dict(s) for s in d.get("symptoms") or []],
             coverage=[Coverage(**c) for c in d.get("coverage") or []],
             actions=[Action(**a) for a in d.get("actions") or []],
+            reasoning=[str(r) for r in d.get("reasoning") or []],
         )

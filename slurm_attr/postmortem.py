@@ -213,6 +213,9 @@ def partial_verdict(cfg: Config, job: dict[str, Any], bundle_dir: str, failure: 
             sym = rule.run(job)
             if sym is not None:
                 symptoms.append(sym)
+        from .rules.jobwide import refine
+
+        refine(symptoms, job, catalog)
     except Exception as err:  # noqa: BLE001 - the partial verdict rests on the job state then
         cov.append(Coverage(source="kernel", status="error", detail=f"not read for the partial verdict: {err}"[:300]))
     return decide(job, symptoms, cov)

@@ -12,17 +12,30 @@ from . import main
 from .options import echo_json, handle_errors, json_option, load_config, use_color
 
 
+_why_option = click.option("--why", "why", is_flag=True,
+                           help="Also say why the cause won: the reasoning's decisions, in order.")
+
+
+def why_lines(reasoning: list[str]) -> list[str]:
+    """The verdict's ``reasoning`` for a person; job text in it made printable."""
+    if not reasoning:
+        return ["", "Why: no decision was needed (one cause, or none in evidence)."]
+    return ["", "Why:"] + [f"  - {jobtext.line(r)}" for r in reasoning]
+
+
 @main.command()
 @click.argument("job_id")
 @json_option
+@_why_option
 @click.pass_context
 @handle_errors
-def show(ctx: click.Context, job_id: str, as_json: bool) -> None:
+def show(ctx: click.Context, job_id: str, as_json: bool, why: bool = False) -> None:
     """Show the verdict for a job (`sattr JOBID` is the same).
 
     Example:
 
         sattr show 1234 --json
+        sattr 1234 --why
     """
     from .. import access
 
@@ -48,6 +61,8 @@ def show(ctx: click.Context, job_id: str, as_json: bool) -> None:
         echo_json(view.verdict.to_dict())
         return
     click.echo(render.verdict_text(view.verdict, view.job, color=use_color(), comment_status=view.comment_status))
+    if why:
+        click.echo("\n".join(why_lines(view.verdict.reasoning)))
     waiting = pending_line(cfg, job_id)
     if waiting:  # a partial verdict, to be replaced by a retry
         click.echo(f"\n{jobtext.line(waiting)}")
@@ -56,9 +71,10 @@ def show(ctx: click.Context, job_id: str, as_json: bool) -> None:
 @main.command()
 @click.argument("bundle_dir", type=click.Path(exists=True, file_okay=False))
 @json_option
+@_why_option
 @click.pass_context
 @handle_errors
-def analyze(ctx: click.Context, bundle_dir: str, as_json: bool) -> None:
+def analyze(ctx: click.Context, bundle_dir: str, as_json: bool, why: bool = False) -> None:
     """Analyse an evidence bundle anywhere, offline; nothing is stored or drained.
 
     The drain policy still runs: its decisions are listed with applied=false.
@@ -76,6 +92,8 @@ def analyze(ctx: click.Context, bundle_dir: str, as_json: bool) -> None:
         echo_json(verdict.to_dict())
         return
     click.echo(render.verdict_text(verdict, job, color=use_color()))
+    if why:
+        click.echo("\n".join(why_lines(verdict.reasoning)))
     click.echo(f"\n(analysed in {(time.monotonic() - t0) * 1000:.0f} ms)", err=True)
 
 

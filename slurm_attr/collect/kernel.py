@@ -7,6 +7,7 @@ losing a fatal Xid matters more than a few extra lines.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import subprocess
@@ -126,3 +127,25 @@ def read_window(source: str, kernel_file: str, node: str, start: float, end: flo
         text = text[-cap:]
         status = "truncated"
     return KernelWindow(text, status, f"{path}")
+
+
+# "<time> <host> kernel: <message>" (journalctl short-iso / syslog) or "[<time>] <message>" (dmesg).
+_PREFIX = re.compile(r"^(?:\[[^\]]{1,64}\]\s*|\S{10,40}\s+(?:\S+\s+kernel:\s*)?)")
+
+
+def _message(line: str) -> str:
+    """The line without its time and host prefix, whitespace collapsed."""
+    m = _PREFIX.match(line)
+    msg = line[m.end():] if m else line
+    idx = msg.find("kernel: ")
+    if 0 <= idx < 64:
+        msg = msg[idx + 8:]
+    return " ".join(msg.split())
+
+
+def line_key(node: str, line: str, year: "int | None" = None) -> str:
+    """Stable identity of one kernel event on one node: sha256(node, whole seconds, message)[:32]."""
+    t = line_time(line, year or time.localtime().tm_year)
+    stamp = str(int(t)) if t is not None else ""
+    raw = "\0".join((node, stamp, _message(line if t is not None else line.strip())))
+    return hashlib.sha256(raw.encode("utf-8", errors="replace")).hexdigest()[:32]

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import hashlib
 import json
 import os
 import re
@@ -27,35 +26,13 @@ import stat
 import time
 from typing import Iterable, Optional
 
-from . import kernel
+from .kernel import line_key  # the event's identity (kernel.py: a low module bundle.py reads too)
 
 MAX_ENTRIES = 20000
 MAX_AGE_S = 30 * 24 * 3600
 MAX_FILE_BYTES = 4 << 20
 # Lines recorded for one job: a flood of matches must not evict every other entry.
 MAX_PER_JOB = 2000
-
-# "<time> <host> kernel: <message>" (journalctl short-iso / syslog) or "[<time>] <message>" (dmesg).
-_PREFIX = re.compile(r"^(?:\[[^\]]{1,64}\]\s*|\S{10,40}\s+(?:\S+\s+kernel:\s*)?)")
-
-
-def _message(line: str) -> str:
-    """The line without its time and host prefix, whitespace collapsed."""
-    m = _PREFIX.match(line)
-    msg = line[m.end():] if m else line
-    idx = msg.find("kernel: ")
-    if 0 <= idx < 64:
-        msg = msg[idx + 8:]
-    return " ".join(msg.split())
-
-
-def line_key(node: str, line: str, year: Optional[int] = None) -> str:
-    """Stable identity of one kernel event on one node: sha256(node, whole seconds, message)[:32]."""
-    t = kernel.line_time(line, year or time.localtime().tm_year)
-    stamp = str(int(t)) if t is not None else ""
-    raw = "\0".join((node, stamp, _message(line if t is not None else line.strip())))
-    return hashlib.sha256(raw.encode("utf-8", errors="replace")).hexdigest()[:32]
-
 
 class LedgerError(Exception):
     pass

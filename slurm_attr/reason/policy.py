@@ -23,10 +23,13 @@ else:  # pragma: no cover - exercised on older Pythons only
 from ..errors import RuleError
 
 FILE = "policy.toml"
-GROUPS = frozenset({"hardware", "claim", "rank_level", "echo", "unlocalised", "located"})
+GROUPS = frozenset({"hardware", "claim", "rank_level", "echo", "unlocalised", "located", "hang_explained"})
 DOMAINS = frozenset({"hardware", "network", "user", "scheduler", "infrastructure", "none", "unknown"})
 _CAUSE_KEYS = frozenset({"domain", "rank", "untrusted", "unconfirmed_path", "cascades", "groups", "why",
-                         "yields_to_own_failure"})
+                         "yields_to_own_failure", "lost_node_sources", "confirmed_by", "straggler",
+                         "earlier_is_alternative", "alternatives", "health"})
+_TOP_KEYS = frozenset({"version", "weak_roots", "no_why", "clean_exit", "clean_exit_unless", "completed",
+                       "no_evidence", "hang", "hang_note", "analysers", "clean_exit_alternative", "causes", "cases"})
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,26 @@ class Cause:
     groups: frozenset[str]
     why: str
     yields_to_own_failure: frozenset[str] = frozenset()
+    lost_node_sources: frozenset[str] = frozenset()  # coverage sources whose absence names a lost node
+    confirmed_by: Optional[tuple[tuple[str, ...], tuple[str, ...]]] = None  # (primary, others) id prefixes
+    straggler: str = ""  # the rule whose one rank every other waited for
+    earlier_is_alternative: frozenset[str] = frozenset()  # causes not its cascade when printed before it
+    alternatives: tuple[Mapping[str, str], ...] = ()  # said beside this cause every time
+    health: frozenset[str] = frozenset()  # groups whose roots are the nodes' health beside it
+
+
+@dataclass(frozen=True)
+class Special:
+    """The causes and rules the engine's steps are about, by role, not by name."""
+
+    clean_exit: str
+    clean_exit_unless: tuple[str, ...]
+    completed: str
+    no_evidence: str
+    hang: str
+    hang_note: str
+    analysers: tuple[str, ...]
+    clean_exit_alternative: str
 
 
 @dataclass(frozen=True)
@@ -54,8 +77,13 @@ class Policy:
     causes: Mapping[str, Cause]
     weak_roots: frozenset[str]
     no_why: frozenset[str]
+    special: Special
     cases: tuple[Case, ...] = ()
     _groups: Mapping[str, frozenset[str]] = field(default_factory=dict)
+
+    def cause(self, name: str) -> Cause:
+        """The cause's row; a cause the table lacks is the no-evidence cause's."""
+        return self.causes.get(name) or self.causes[self.special.no_evidence]
 
     def group(self, name: str) -> frozenset[str]:
         """The causes in a named group (GROUPS)."""
@@ -112,23 +140,52 @@ def _cause(name: str, d: Any) -> Cause:
         raise _fail(f"[causes.{name}] groups: unknown group {sorted(groups - GROUPS)[0]!r}")
     if not isinstance(d.get("why"), str) or not d["why"]:
         raise _fail(f"[causes.{name}] why: say why it ranks where it does")
+    conf = d.get("confirmed_by")
+    if conf is not None and not (isinstance(conf, dict) and set(conf) == {"primary", "others"}):
+        raise _fail(f"[causes.{name}] confirmed_by: {{ primary = [...], others = [...] }}")
+    alts = d.get("alternatives", [])
+    if not isinstance(alts, list) or not all(isinstance(a, dict) and set(a) == {"cause", "why"} for a in alts):
+        raise _fail(f"[causes.{name}] alternatives: a list of {{ cause = ..., why = ... }}")
     return Cause(name, d["domain"], rank, int(untrusted), int(path),
                  _names(d.get("cascades", []), f"[causes.{name}] cascades"), groups, d["why"],
-                 _names(d.get("yields_to_own_failure", []), f"[causes.{name}] yields_to_own_failure"))
+                 _names(d.get("yields_to_own_failure", []), f"[causes.{name}] yields_to_own_failure"),
+                 _names(d.get("lost_node_sources", []), f"[causes.{name}] lost_node_sources"),
+                 (tuple(_names(conf["primary"], "confirmed_by.primary")), tuple(_names(conf["others"], "confirmed_by.others")))
+                 if conf else None, str(d.get("straggler", "")),
+                 _names(d.get("earlier_is_alternative", []), f"[causes.{name}] earlier_is_alternative"),
+                 tuple(alts), _names(d.get("health", []), f"[causes.{name}] health"))
+
+
+def _special(data: Mapping[str, Any], causes: Mapping[str, Cause]) -> Special:
+    for key in ("completed", "no_evidence", "hang"):
+        if data.get(key) not in causes:
+            raise _fail(f"{key}: a cause of the table")
+    for key in ("clean_exit", "hang_note", "clean_exit_alternative"):
+        if not isinstance(data.get(key), str) or not data[key]:
+            raise _fail(f"{key}: a non-empty string")
+    return Special(data["clean_exit"], tuple(sorted(_names(data.get("clean_exit_unless", []), "clean_exit_unless"))),
+                   data["completed"], data["no_evidence"], data["hang"], data["hang_note"],
+                   tuple(sorted(_names(data.get("analysers", []), "analysers"))), data["clean_exit_alternative"])
 
 
 def parse(data: Mapping[str, Any]) -> Policy:
     """The policy from the TOML table; RuleError naming what is wrong."""
     if data.get("version") != 1:
         raise _fail("version = 1 expected")
+    unknown = set(data) - _TOP_KEYS
+    if unknown:
+        raise _fail(f"unknown key {sorted(unknown)[0]!r}")
     raw = data.get("causes")
     if not isinstance(raw, dict) or not raw:
         raise _fail("no [causes.*] tables")
     causes = {name: _cause(name, d) for name, d in raw.items()}
     for c in causes.values():
-        for other in c.cascades | c.yields_to_own_failure:
+        named = c.cascades | c.yields_to_own_failure | c.earlier_is_alternative | {a["cause"] for a in c.alternatives}
+        for other in named:
             if other not in causes:
                 raise _fail(f"[causes.{c.name}] names {other!r}, which is no cause here")
+        if c.health - GROUPS:
+            raise _fail(f"[causes.{c.name}] health: unknown group {sorted(c.health - GROUPS)[0]!r}")
     cases = []
     for i, case in enumerate(data.get("cases") or []):
         roots = case.get("roots") if isinstance(case, dict) else None
@@ -140,7 +197,7 @@ def parse(data: Mapping[str, Any]) -> Policy:
         cases.append(Case(str(case.get("name") or f"case {i}"), tuple(roots), case["expect"]))
     groups = {g: frozenset(n for n, c in causes.items() if g in c.groups) for g in GROUPS}
     return Policy(causes, _names(data.get("weak_roots", []), "weak_roots"),
-                  _names(data.get("no_why", []), "no_why"), tuple(cases), groups)
+                  _names(data.get("no_why", []), "no_why"), _special(data, causes), tuple(cases), groups)
 
 
 def _policy_bytes() -> bytes:

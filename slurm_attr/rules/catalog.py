@@ -40,7 +40,7 @@ from .. import model
 from ..errors import RuleError
 from ..model import ACTION_KINDS, CAUSES, ROLES, domain_of
 from . import literals, speccache
-from .pyrule import DocTable, HistoryRule, JobRule, Refiner
+from .pyrule import DocTable, HistoryRule, JobRefiner, JobRule, Refiner
 
 RULEBOOK = "slurm_attr.rulebook"
 POLICY_FILE = "policy.toml"  # the cause policy beside the rules (reason/policy.py), not a rule
@@ -133,6 +133,7 @@ class Catalog:
     refiners: dict[str, Refiner]
     doc_tables: list[DocTable]
     extra_dir: Optional[str] = None
+    job_refiners: list[JobRefiner] = field(default_factory=list)
     _indexes: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def rule(self, rule_id: str) -> Rule:
@@ -145,7 +146,7 @@ class Catalog:
         """The prefilter and rule order for one source (built once, then cached)."""
         idx = self._indexes.get(source)
         if idx is None:
-            from .scan import SourceIndex  # scan imports this module's types
+            from .ruleindex import SourceIndex
 
             idx = SourceIndex([r for r in self.rules if source in r.sources and r.status != "deprecated"])
             self._indexes[source] = idx
@@ -315,7 +316,12 @@ def _parse_toml_rules(files: Sequence[tuple[str, bytes]]) -> list[Rule]:
     return rules
 
 
-def _load_python_modules() -> tuple[list[JobRule], list[HistoryRule], dict[str, Refiner], list[DocTable]]:
+_EXPORTS = ("RULES", "HISTORY_RULES", "REFINERS", "DOC_TABLES", "JOB_REFINERS")
+
+
+def _load_python_modules() -> tuple[list[JobRule], list[HistoryRule], dict[str, Refiner], list[DocTable],
+                                    list[JobRefiner]]:
+    job_refiners: list[JobRefiner] = []
     job_rules: list[JobRule] = []
     history: list[HistoryRule] = []
     refiners: dict[str, Refiner] = {}
@@ -330,9 +336,9 @@ def _load_python_modules() -> tuple[list[JobRule], list[HistoryRule], dict[str, 
             raise
         except Exception as err:  # a broken rule module names itself, whatever broke
             raise _fail(path, f"cannot import: {type(err).__name__}: {err}") from err
-        exported = [a for a in ("RULES", "HISTORY_RULES", "REFINERS", "DOC_TABLES") if hasattr(mod, a)]
+        exported = [a for a in _EXPORTS if hasattr(mod, a)]
         if not exported:
-            raise _fail(path, "exports none of RULES, HISTORY_RULES, REFINERS, DOC_TABLES")
+            raise _fail(path, f"exports none of {', '.join(_EXPORTS)}")
         for rule in getattr(mod, "RULES", []):
             _check_py_rule(path, rule, JobRule)
             job_rules.append(rule)
@@ -344,7 +350,11 @@ def _load_python_modules() -> tuple[list[JobRule], list[HistoryRule], dict[str, 
                 raise _fail(path, f"refiner {rname!r} is defined twice or not callable")
             refiners[rname] = fn
         tables.extend(getattr(mod, "DOC_TABLES", []))
-    return job_rules, history, refiners, tables
+        for ref in getattr(mod, "JOB_REFINERS", []):
+            if not isinstance(ref, JobRefiner) or not ID_RE.match(ref.id) or not ref.cases:
+                raise _fail(path, f"{ref!r}: a JobRefiner with a domain.snake_case id and inline cases")
+            job_refiners.append(ref)
+    return job_rules, history, refiners, tables, job_refiners
 
 
 def _check_py_rule(path: str, rule: Any, kind: type) -> None:
@@ -369,9 +379,9 @@ def build_catalog(extra_dir: Optional[str] = None) -> Catalog:
 
 def _assemble(rules: list[Rule], extra_dir: Optional[str]) -> Catalog:
     """The catalog from validated TOML rules and the Python rule modules."""
-    job_rules, history, refiners, tables = _load_python_modules()
+    job_rules, history, refiners, tables, job_refiners = _load_python_modules()
     seen: dict[str, str] = {}
-    for rid, path in [(r.id, r.path) for r in rules] + [(r.id, "rules/*.py") for r in job_rules + history]:
+    for rid, path in [(r.id, r.path) for r in rules] + [(r.id, "rules/*.py") for r in job_rules + history + job_refiners]:
         if rid in seen:
             raise _fail(path, f"id {rid!r} is already used by {seen[rid]}")
         seen[rid] = path
@@ -380,7 +390,7 @@ def _assemble(rules: list[Rule], extra_dir: Optional[str]) -> Catalog:
             raise _fail(r.path, f"refine names unknown refiner {r.refine!r}")
     rules.sort(key=lambda r: (-r.priority, r.id))
     return Catalog(rules=rules, job_rules=job_rules, history_rules=history, refiners=refiners,
-                   doc_tables=tables, extra_dir=extra_dir)
+                   doc_tables=tables, extra_dir=extra_dir, job_refiners=job_refiners)
 
 
 _SPEC_FIELDS = ("id", "status", "priority", "role", "cause", "sources", "keywords", "pattern", "action", "window",

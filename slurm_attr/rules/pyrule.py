@@ -12,8 +12,14 @@ Rule modules live beside the TOML rules in ``rules/`` (importable as
     Rules over the scheduler's facts about the job (``job.json``): state, exit
     code, signal. Each carries inline cases, checked like TOML cases by `sattr rules test` and CI.
 ``HISTORY_RULES: list[HistoryRule]``
-    Rules over this job's symptoms plus other jobs' verdicts (the store), run by
-    ``verdict.decide``. Example: the same Xid 13 on one GPU across jobs.
+    Rules over this job's symptoms plus other jobs' verdicts (the store), run before the
+    verdict (``jobwide.before_verdict``). Example: the same Xid 13 on one GPU across jobs.
+    A symptom they add may name, in ``fields["escalates"]``, the rule ids on its node and
+    GPU whose evidence it rests on: those become its confirmation.
+``JOB_REFINERS: list[JobRefiner]``
+    Relations between this job's symptoms that no single line shows, run before the verdict
+    and by the node's fast path: they change roles and statuses, add nothing. Example: an
+    Xid 109 seconds after an Xid 13 on the same GPU is that program fault, not a second one.
 ``DOC_TABLES: list[DocTable]``
     Data tables rendered into the generated catalog (docs/rules.md).
 
@@ -22,14 +28,19 @@ Python rules never read files the job wrote: they see parsed fields only.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
 from ..model import Evidence, Symptom
 
-if TYPE_CHECKING:  # verdict.py owns the protocol; it imports this package at run time
-    from ..verdict import HistoryLookup
-
 Refiner = Callable[[Symptom, Mapping[str, str]], Optional[Symptom]]
+
+
+class HistoryLookup(Protocol):
+    """What the verdict store answers about other jobs (the store implements it)."""
+
+    def gpu_symptom_jobs(self, node: str, gpu: str, symptom_id: str, since_epoch: float, exclude_job: str) -> set[str]:
+        """Ids of other jobs that had ``symptom_id`` on ``node``/``gpu`` since ``since_epoch``."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -103,6 +114,26 @@ class HistoryRule:
     cases: Sequence[HistoryCase] = ()
     status: str = "stable"
     role: str = "root"
+
+
+@dataclass(frozen=True)
+class RefinerCase:
+    """An inline case of a job refiner: symptoms (made fresh per run), the job, the roles after."""
+
+    symptoms: Callable[[], list[Symptom]]
+    expect_roles: Sequence[str]
+    job: Mapping[str, Any] = field(default_factory=lambda: {"job_id": "100"})
+
+
+@dataclass(frozen=True)
+class JobRefiner:
+    """A relation between one job's symptoms; ``run`` changes them in place."""
+
+    id: str
+    description: str
+    run: Callable[[list[Symptom], Mapping[str, Any]], None]
+    cases: Sequence[RefinerCase] = ()
+    status: str = "stable"
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,15 @@ once per set of rules.
 from __future__ import annotations
 
 import re
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional
 
 from ..bundle import MAX_LINE
 from ..safefs import decode
-from .catalog import Rule
-from .prefilter import Prefilter
+from .ruleindex import SourceIndex
+
+# A catalog rule (catalog.Rule). The catalog builds the indexes scan reads (ruleindex.py), so
+# scan takes its rules as they come and names no catalog type: data flows catalog -> scan.
+Rule = Any
 
 # Log prefixes to strip from continuation lines of a multi-line block, and to read a time from.
 PREFIX = re.compile(
@@ -63,32 +66,6 @@ def strip_prefix(line: str) -> str:
     if m:
         line = line[m.end():]
     return line.strip()
-
-
-class SourceIndex:
-    """The rules of one source in priority order, with their keyword prefilter."""
-
-    def __init__(self, rules: Sequence[Rule]):
-        self.rules = sorted(rules, key=lambda r: (-r.priority, r.id))
-        by_kw: dict[str, list[int]] = {}
-        factors: dict[int, frozenset[str]] = {}
-        for pos, rule in enumerate(self.rules):
-            for kw in rule.keywords:
-                by_kw.setdefault(kw.lower(), []).append(pos)
-            if rule.required:
-                factors[pos] = rule.required
-        self.prefilter = Prefilter(by_kw, factors)
-        # Lines of one kind repeat by the thousand: the rule list of a set of positions is built once.
-        self._ordered: dict[frozenset[int], list[Rule]] = {}
-
-    def ordered(self, positions: "frozenset[int]") -> list[Rule]:
-        """The rules at these positions, highest priority first."""
-        rules = self._ordered.get(positions)
-        if rules is None:
-            if len(self._ordered) > 4096:
-                self._ordered.clear()  # bounded: a hostile mix of keywords cannot grow it forever
-            rules = self._ordered[positions] = [self.rules[i] for i in sorted(positions)]
-        return rules
 
 
 class RawHit:

@@ -163,6 +163,19 @@ def check_catalog(catalog: Catalog) -> Catalog:
     return catalog
 
 
+def run_refiner_cases(catalog: Catalog) -> list[Result]:
+    """Each job refiner's inline cases: the roles its symptoms have after it ran."""
+    out = []
+    for ref in catalog.job_refiners:
+        for i, case in enumerate(ref.cases):
+            syms = case.symptoms()
+            ref.run(syms, case.job)
+            got = [s.role for s in syms]
+            ok = got == list(case.expect_roles)
+            out.append(Result("rules/*.py", f"{ref.id} case {i}", ok, "" if ok else f"roles {got}, expected {list(case.expect_roles)}"))
+    return out
+
+
 def run_policy_cases() -> list[Result]:
     """The cause policy's own cases (rules/policy.toml): roots in, the winning cause out."""
     from ..reason import policy
@@ -174,7 +187,7 @@ def run_policy_cases() -> list[Result]:
 
 def run_all(catalog: Catalog, fixture_dirs: Iterable[str] = ()) -> list[Result]:
     """Inline cases, the policy's cases, then fixtures."""
-    results = run_cases(catalog) + run_policy_cases()
+    results = run_cases(catalog) + run_refiner_cases(catalog) + run_policy_cases()
     for path in fixture_files(fixture_dirs):
         results.extend(run_fixture(catalog, path))
     return results

@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+import types
 
 import pytest
 
@@ -24,14 +25,15 @@ class FakeCatalog:
 
     def __init__(self):
         self.loads = 0
+        self.catalog = types.SimpleNamespace(job_refiners=[])  # no job-wide rules: the lines as extracted
 
     def api(self):
         def load(extra_dir=None):
             self.loads += 1
-            return "catalog"
+            return self.catalog
 
         def extract(catalog, source, node, path, lines):
-            assert catalog == "catalog"
+            assert catalog is self.catalog
             out = []
             for no, text in lines:
                 m = _XID.search(text)

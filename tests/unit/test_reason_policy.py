@@ -61,3 +61,41 @@ def test_a_broken_table_is_refused_with_what_is_wrong(edit, why):
     edit(data)
     with pytest.raises(RuleError, match=why):
         policy.parse(data)
+
+
+def test_the_engine_names_no_cause_and_no_rule():
+    """verdict.py is the engine: causes and rules are the policy's and the catalog's words."""
+    import ast
+    from pathlib import Path
+
+    import slurm_attr.verdict as engine
+    from slurm_attr.rules import load_catalog
+
+    src = Path(engine.__file__).read_text()
+    assert len(src.splitlines()) < 250
+    literals = {n.value for n in ast.walk(ast.parse(src)) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    words = set(policy.load().causes) | set(load_catalog().ids())
+    assert not literals & words, literals & words
+    assert not [w for w in literals if w.endswith(".") and any(r.startswith(w) for r in load_catalog().ids())]
+
+
+def test_a_verdict_says_why_its_cause_won(tmp_path):
+    """The reasoning names the winner over its rivals, and `--why` prints it (job text printable)."""
+    from click.testing import CliRunner
+
+    from slurm_attr.cli.jobs import why_lines
+    from slurm_attr.model import Evidence, Symptom
+    from slurm_attr.verdict import decide
+
+    job = {"job_id": "5", "nodes": ["n1"], "state": "FAILED", "exit_code": 1}
+    oom = Symptom(id="host.oom_kill", cause="host_oom", trusted=True, node="n1", priority=80,
+                  evidence=[Evidence("kernel", "nodes/n1/kernel.log", 3, "Out of memory: Killed process 9 (python)")])
+    net = Symptom(id="nccl.remote_error", cause="network", rank=0, priority=60,
+                  evidence=[Evidence("stderr", "output/stderr", 9, "NCCL WARN \x1b[2Kremote process exited")])
+    v = decide(job, [oom, net], [])
+    assert v.cause == "host_oom"
+    assert v.reasoning == [f"host_oom: host.oom_kill on n1 over network, trusted evidence; {policy.load().causes['host_oom'].why}"]
+    assert v.to_dict()["reasoning"] == v.reasoning
+    lines = why_lines(["rank 3's \x1b]0;title\x07 line"])
+    assert lines[1] == "Why:" and "\\x1b" in lines[2] and "\x1b" not in lines[2]
+    assert why_lines([])[1].startswith("Why: no decision")

@@ -3,7 +3,14 @@ from __future__ import annotations
 
 from slurm_attr.model import Coverage, Evidence, Symptom
 from slurm_attr.rules.pyrule import DictHistory
-from slurm_attr.verdict import decide, tier
+from slurm_attr.rules.jobwide import before_verdict
+from slurm_attr.verdict import decide as _decide
+from slurm_attr.verdict import tier
+
+
+def decide(job, symptoms, coverage, history=None):
+    """As the analysis decides (analysis.run_bundle): the catalog's job-wide rules first."""
+    return _decide(job, before_verdict(symptoms, job, history), coverage)
 
 RANKS = {str(r): f"n{r // 4 + 1}" for r in range(16)}  # 4 nodes x 4 ranks
 JOB = {"job_id": "500", "nodes": ["n1", "n2", "n3", "n4"], "ranks": RANKS, "state": "FAILED", "exit_code": 1,

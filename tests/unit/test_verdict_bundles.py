@@ -11,6 +11,7 @@ import pytest
 from slurm_attr.bundle import Bundle
 from slurm_attr.config import Config
 from slurm_attr.rules import analyze
+from slurm_attr.rules.jobwide import before_verdict
 from slurm_attr.verdict import decide
 
 BUNDLES = Path(__file__).resolve().parents[1] / "fixtures" / "bundles"
@@ -25,7 +26,7 @@ NOISE = "\n".join([
 def verdict_of(path):
     b = Bundle(str(path))
     symptoms, coverage = analyze(b, Config())
-    return decide(b.job, symptoms, coverage)
+    return decide(b.job, before_verdict(symptoms, b.job), coverage)  # as analysis.run_bundle does
 
 
 def roles(v, sid):

@@ -94,6 +94,7 @@ demo: deps spank
 bench: deps spank
 	$(PY) bench/bench_rules.py          # vs grep -E with the catalog's patterns
 	$(PY) bench/bench_probe.py          # ns per callback, bytes per rank, 4096-rank analysis
+	$(PY) bench/accuracy/run.py         # verdict accuracy: generated incidents (tuning, held-out), fixtures, rule cases
 	$(PY) bench/bench_flightrec.py      # vs torchfrtrace (minutes: it is the slow one)
 
 bench-cluster: cluster-up

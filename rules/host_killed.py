@@ -61,17 +61,26 @@ HISTORY_RULES = [
 
 
 def oom_of_another_job(syms: list[Symptom], job: Mapping[str, Any]) -> None:
-    """An OOM kill in another job's cgroup on a shared node (the kernel line names its job) is
-    that job's, not ours: context."""
-    ours = str(job.get("job_id", "")).split("_")[0]
+    """An OOM kill in another job's cgroup on a shared node is that job's, not ours: context.
+    The kernel names the cgroup on one line of the kill (``oom-kill:...task_memcg=.../job_N``);
+    the kill's other lines (``Killed process PID``, the reaper) carry only the pid, so every
+    line of that pid on that node goes with it."""
+    ours = {str(job.get("job_id", "")).split("_")[0], str(job.get("slurm_job_id", "")).split("_")[0]} - {""}
+    theirs = {(s.node, str(s.fields.get("pid"))) for s in syms
+              if s.cause == "host_oom" and s.fields.get("job") and str(s.fields["job"]) not in ours}
     for s in syms:
-        if s.cause == "host_oom" and s.fields.get("job") and str(s.fields["job"]) != ours:
+        named_other = s.fields.get("job") and str(s.fields["job"]) not in ours
+        same_kill = s.fields.get("pid") is not None and (s.node, str(s.fields["pid"])) in theirs
+        if s.cause == "host_oom" and (named_other or same_kill):
             s.role, s.status.other_job = "context", True
 
 
-def _oom(job_in_cgroup: str) -> list[Symptom]:
-    return [Symptom(id="host.oom_kill", cause="host_oom", role="root", trusted=True, node="n1",
-                    fields={"job": job_in_cgroup, "comm": "python"})]
+def _oom(job_in_cgroup: str, pid: int = 23761) -> list[Symptom]:
+    """The constraint line naming the cgroup, and the kill line of a pid, as the kernel logs them."""
+    return [Symptom(id="host.oom_constraint", cause="host_oom", role="confirmation", trusted=True, node="n1",
+                    fields={"job": job_in_cgroup, "comm": "python", "pid": 23761}),
+            Symptom(id="host.oom_kill", cause="host_oom", role="root", trusted=True, node="n1",
+                    fields={"comm": "python", "pid": pid})]
 
 
 JOB_REFINERS = [
@@ -80,8 +89,10 @@ JOB_REFINERS = [
         description="A kernel OOM kill whose cgroup names another job (a shared node) is that job's: context here.",
         run=oom_of_another_job,
         cases=[
-            RefinerCase(lambda: _oom("5151"), ["context"], job={"job_id": "100"}),
-            RefinerCase(lambda: _oom("100"), ["root"], job={"job_id": "100_7"}),  # near miss: our own (array task)
+            RefinerCase(lambda: _oom("5151"), ["context", "context"], job={"job_id": "100"}),
+            # near misses: our own cgroup (an array task); another pid's kill beside another job's
+            RefinerCase(lambda: _oom("100"), ["confirmation", "root"], job={"job_id": "100_7"}),
+            RefinerCase(lambda: _oom("5151", pid=999), ["context", "root"], job={"job_id": "100"}),
         ],
     ),
 ]

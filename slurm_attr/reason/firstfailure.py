@@ -122,6 +122,11 @@ def order(pool: Sequence[Symptom], syms: Sequence[Symptom], job: Mapping[str, An
                 continue  # the same failure seen from another source (the kernel's and the rank's view)
             if f"{s.id} on {s.node}" in first.status.confirmed_by:
                 continue  # the trusted event that confirms the first failure is that failure
+            if s.trusted and not first.trusted and first.cause in policy.load().group("echo"):
+                # the job's own word for a network or hang symptom cannot put a node's kernel event
+                # after it: that is what a dying peer makes the survivors print, the nodes' clocks
+                # differ by seconds to minutes, and the output is buffered
+                continue
             lo, _ = span[id(s)]
             t = lo if lo > -_INF else est(s)
             margin = TRUSTED_MARGIN_S if s.trusted else 0.0

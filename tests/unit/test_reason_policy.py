@@ -36,7 +36,8 @@ def test_the_shipped_policy_covers_the_contract_and_its_cases_hold():
     assert policy.check_cases() == [] and len(p.cases) >= 6
     assert p.group("hardware") == {"gpu_hardware", "nvlink", "host_hardware"}
     assert p.rank("network", trusted=False, unconfirmed_path=True) < p.rank("user_error", trusted=True)
-    assert p.rank("network", trusted=False) > p.rank("user_error", trusted=False)
+    # the job's own word for a network fault is what a crashed rank's peers print: below its error
+    assert p.rank("network", trusted=False) < p.rank("user_error", trusted=False) < p.rank("network", trusted=True)
 
 
 def test_a_case_that_does_not_hold_is_reported():

@@ -38,9 +38,12 @@ PREFIX = re.compile(
     )?""",
     re.X,
 )
-# Rank prefixes launchers put on job output: srun --label, torchrun, Open MPI --tag-output.
+# Rank prefixes launchers put on job output: srun --label, torchrun, Open MPI --tag-output; and
+# torchrun's --tee/--log-dir prefix of older releases, `[default3]:`, whose number is the worker's
+# local rank (stripped from continuation lines; it names no global rank).
 RANK_PREFIX = re.compile(
-    r"^\s*(?:(?P<label>\d{1,6}): |\[rank(?P<torch>\d{1,6})\]:?\s?|\[\d+,(?P<mpi>\d{1,6})\]<std(?:out|err)>:\s?)"
+    r"^\s*(?:(?P<label>\d{1,6}): |\[rank(?P<torch>\d{1,6})\]:?\s?|\[\d+,(?P<mpi>\d{1,6})\]<std(?:out|err)>:\s?"
+    r"|\[default(?P<local>\d{1,4})\]:)"
 )
 
 # NCCL's own prefix on its debug lines: host:pid:tid [cudaDev].
@@ -62,8 +65,10 @@ def strip_prefix(line: str) -> str:
     m = PREFIX.match(line)
     if m and m.end():
         line = line[m.end():]
-    m = RANK_PREFIX.match(line)
-    if m:
+    for _ in range(3):  # launchers stack them: srun's `4: ` before torch's `[rank4]: `
+        m = RANK_PREFIX.match(line)
+        if not m:
+            break
         line = line[m.end():]
     return line.strip()
 
@@ -202,7 +207,7 @@ def rank_prefix(line: str) -> Optional[int]:
             torch = int(m.group("torch"))
         elif m.group("mpi") is not None:
             mpi = int(m.group("mpi"))
-        elif label is None:
+        elif m.group("label") is not None and label is None:
             label = int(m.group("label"))
         rest = rest[m.end():]
     if torch is not None:

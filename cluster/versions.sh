@@ -170,6 +170,10 @@ run() {
             mount --bind "$root" "$root"
             mount -t proc proc "$root/proc"
             mount --rbind /dev "$root/dev"
+            # /dev/shm of its own: the harness names its segment for the job id, and the
+            # roots and the host cluster number their jobs alike (a stale sattr-harness-144
+            # of another user broke task 144 of a later run)
+            mount -t tmpfs -o mode=1777 tmpfs "$root/dev/shm"
             mount --rbind /sys "$root/sys"
             mount -t tmpfs -o mode=755 tmpfs "$root/run"
             mount -t tmpfs -o mode=1777 tmpfs "$root/tmp"

@@ -113,12 +113,12 @@ def _record_fast(cfg: Any, key: str, node: str, acts: list[Any]) -> None:
     Best effort: the drain itself is in Slurm's reason, which the central side reconciles."""
     import json
 
-    from .collect.node import _write
+    from .collect.node import write_private
 
     node_dir = os.path.join(spool.bundle_dir(cfg.paths.spool, key), "nodes", node)
     try:
         spool.ensure_dir(node_dir)
-        _write(os.path.join(node_dir, "fastpath.json"),
+        write_private(os.path.join(node_dir, "fastpath.json"),
                json.dumps([a.to_dict() for a in acts], indent=1).encode())
     except OSError as err:
         log.warning("node %s: fast path decision not written to the spool (%s); Slurm's reason has it", node, err)

@@ -68,7 +68,7 @@ def _from_slurmctld(slurm: SlurmAccess, job: dict[str, Any], raw: str) -> dict[s
     return job
 
 
-def _settle_state(slurm: SlurmAccess, job: dict[str, Any], deadline: float) -> tuple[dict[str, Any], str]:
+def settle_state(slurm: SlurmAccess, job: dict[str, Any], deadline: float) -> tuple[dict[str, Any], str]:
     """(job with the best final state there is, accounting's error or '').
 
     Accounting's final word wins; while it is down, or still without a final state at the
@@ -121,7 +121,7 @@ def finish_job(cfg: Config, slurm: SlurmAccess, store: Store, bundle_dir: str,
         if missing:
             log.warning("job %s: no node part from %s after %.0fs", job.get("job_id"), ",".join(missing),
                         cfg.analysis.node_wait_s)
-    job, acct_err = _settle_state(slurm, job, time.monotonic() + SACCT_SETTLE_S)
+    job, acct_err = settle_state(slurm, job, time.monotonic() + SACCT_SETTLE_S)
     try:
         with open(os.path.join(bundle_dir, "job.json"), "w") as f:
             json.dump(job, f, indent=1)

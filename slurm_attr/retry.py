@@ -162,14 +162,14 @@ def _partial(cfg: Config, key: str, facts: dict[str, Any], bdir: str, store: Any
     from . import comment, reconcile
     from .postmortem import partial_verdict, read_job_json
 
-    from .postmortem import _settle_state
+    from .postmortem import settle_state
 
     try:
         with time_limit(min(PARTIAL_TIMEOUT_S, max(5.0, cfg.analysis.timeout_s))):
             job = read_job_json(bdir) or dict(facts)
             if job.get("state_source") not in ("sacct", "scontrol"):
                 # One question to accounting (or slurmctld): a finished job's state is cheap to learn.
-                job, _err = _settle_state(slurm, job, time.monotonic())
+                job, _err = settle_state(slurm, job, time.monotonic())
             have_bundle = os.path.isdir(bdir)
             try:  # the fast path's drain for this job, when the node's kernel lines never reached the spool
                 fast = reconcile.fast_decisions(bdir if have_bundle else "", job, slurm, store)

@@ -182,7 +182,7 @@ def rank_stuck_stacks(w: World) -> Scene:
     where = w.pick([("torch/utils/data/dataloader.py", 1133, "_try_get_data"), ("/home/alice/train/ckpt.py", 57, "save_shard")],
                    [("multiprocessing/connection.py", 930, "wait")])
     if w.pick([True], [False]):  # faulthandler.dump_traceback_later
-        s.say(tt - timedelta(seconds=30), stuck, [f"Timeout (0:{timeout // 60:02d}:00)!", f"Thread 0x00007f{w.rng.getrandbits(32):08x}5740 (most recent call first):",
+        s.say(tt - timedelta(seconds=30), stuck, [f"Timeout (0:{timeout // 60:02d}:00)!", f"Thread 0x00007f{w.rng.getrandbits(24):06x}5740 (most recent call first):",
                                                   f'  File "{where[0]}", line {where[1]} in {where[2]}',
                                                   '  File "/home/alice/train/train.py", line 371 in main',
                                                   '  File "/home/alice/train/train.py", line 412 in <module>'], stream="stderr")

@@ -172,7 +172,7 @@ def stacks_all_in_collective(w: World) -> Scene:
     s = comm_hang(w)
     t = max(l.t for l in s.out)
     for r in sorted(w.ranks):
-        s.say(t, r, ["Timeout (0:10:00)!", f"Thread 0x00007f{w.rng.getrandbits(32):08x}5740 (most recent call first):",
+        s.say(t, r, ["Timeout (0:10:00)!", f"Thread 0x00007f{w.rng.getrandbits(24):06x}5740 (most recent call first):",
                      '  File "/opt/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2501 in all_reduce',
                      '  File "/home/alice/train/train.py", line 371 in main'], stream="stderr")
     s.truth.why = "all ranks wait inside the same all_reduce (their stacks say so): a hang, no stuck rank"

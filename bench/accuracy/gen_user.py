@@ -129,7 +129,7 @@ def user_segfault(w: World) -> Scene:
                     "Segmentation fault"])
     lines = []
     if w.chance(0.5):  # faulthandler's report before the shell's
-        lines += ["Fatal Python error: Segmentation fault", "", f"Thread 0x00007f{w.rng.getrandbits(32):08x}4740 (most recent call first):",
+        lines += ["Fatal Python error: Segmentation fault", "", f"Thread 0x00007f{w.rng.getrandbits(24):06x}4740 (most recent call first):",
                   f'  File "{TORCH}/nn/functional.py", line 2264 in embedding', '  File "/home/alice/train/model.py", line 88 in forward']
     s, rank, t = user_fail(w, lines + [shell], what="Segmentation fault (core dumped)", why="the program segfaulted")
     if w.chance(0.5):  # the kernel's own line (trusted)

@@ -77,7 +77,7 @@ def _actor() -> str:
     return f"{name} (sudo from {sudo})" if uid == 0 and sudo and sudo != name else name
 
 
-def _require_admin(cfg: Any, command: str) -> None:
+def require_admin(cfg: Any, command: str) -> None:
     uid, name = access.caller()
     if not access.is_admin(cfg, uid, name):
         group = f", members of {cfg.access.admin_group}" if cfg.access.admin_group else ""
@@ -174,7 +174,7 @@ def list_jobs(ctx: click.Context, since: str, user: str | None, cause: str | Non
 def _list_pending(cfg: Any, as_json: bool) -> None:
     from .. import intake
 
-    _require_admin(cfg, "list --pending")
+    require_admin(cfg, "list --pending")
     rows = intake.entries(cfg)
     if as_json:
         echo_json([{"job_id": d.get("job_id"), "key": d["key"], "since": _iso(d.get("since")),
@@ -267,7 +267,7 @@ def nodes(ctx: click.Context, since: str, as_json: bool) -> None:
         sattr nodes --since 7d
     """
     cfg = load_config(ctx)
-    _require_admin(cfg, "nodes")
+    require_admin(cfg, "nodes")
     store = _open_store(cfg)
     slurm_nodes, err = _slurm_nodes(cfg)
     report = node_report(store, parse_since(since), slurm_nodes)
@@ -326,7 +326,7 @@ def drains(ctx: click.Context, since: str, as_json: bool) -> None:
         sattr drains --since 1d
     """
     cfg = load_config(ctx)
-    _require_admin(cfg, "drains")
+    require_admin(cfg, "drains")
     store = _open_store(cfg)
     hist = drain_history(store, parse_since(since))
     brk = store.breaker()
@@ -370,7 +370,7 @@ def undrain(ctx: click.Context, node_names: tuple[str, ...], reason: str) -> Non
         sattr undrain n2 --reason "dcgmi diag -r 3 passed, GPU reseated"
     """
     cfg = load_config(ctx)
-    _require_admin(cfg, "undrain")
+    require_admin(cfg, "undrain")
     if not reason.strip():
         raise click.BadParameter("give a reason", param_hint="--reason")
     from ..slurm.hostlist import expand
@@ -416,7 +416,7 @@ def breaker_status(ctx: click.Context, as_json: bool) -> None:
         sattr breaker status --json
     """
     cfg = load_config(ctx)
-    _require_admin(cfg, "breaker status")
+    require_admin(cfg, "breaker status")
     store = Store(cfg.paths.database)
     try:
         slurm = default_backend(cfg.paths.slurm_bin, cfg.paths.slurm_conf, backend=cfg.slurm.backend)
@@ -456,7 +456,7 @@ def breaker_reset(ctx: click.Context, reason: str) -> None:
         sattr breaker reset --reason "checked n1-n3, real hardware faults"
     """
     cfg = load_config(ctx)
-    _require_admin(cfg, "breaker reset")
+    require_admin(cfg, "breaker reset")
     store = Store(cfg.paths.database)
     was = store.breaker()
     store.reset_breaker(_actor(), reason)
@@ -490,7 +490,7 @@ def reanalyze(ctx: click.Context, job_ids: tuple[str, ...], since: str | None, a
     from ..postmortem import finish_job
 
     cfg = load_config(ctx)
-    _require_admin(cfg, "reanalyze")
+    require_admin(cfg, "reanalyze")
     if not job_ids and not since:
         raise click.UsageError("give job ids or --since")
     store = _open_store(cfg)

@@ -42,10 +42,10 @@ def retry(ctx: click.Context, everything: bool, limit: int, as_json: bool) -> No
     """
     from .. import reconcile, retry as retry_mod
     from ..slurm import from_config
-    from .ops import _require_admin
+    from .ops import require_admin
 
     cfg = load_config(ctx)
-    _require_admin(cfg, "retry")
+    require_admin(cfg, "retry")
     slurm = from_config(cfg, timeout=10)
     out = retry_mod.retry_due(cfg, slurm=slurm, limit=limit, everything=everything)
     added = 0
@@ -82,10 +82,10 @@ def gc(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
 
         sattr gc --dry-run
     """
-    from .ops import _require_admin
+    from .ops import require_admin
 
     cfg = load_config(ctx)
-    _require_admin(cfg, "gc")
+    require_admin(cfg, "gc")
     res = gc_mod.collect(cfg, dry_run=dry_run)
     if as_json:
         echo_json({"removed": res.removed, "kept_pending": res.kept_pending,

@@ -84,7 +84,8 @@ def safe_name(rel: str) -> str:
     return (name or "unnamed")[:200]
 
 
-def _write(path: str, data: bytes) -> None:
+def write_private(path: str, data: bytes) -> None:
+    """Write a file only root reads (0600, no symlink followed), replaced whole."""
     tmp = f"{path}.tmp{os.getpid()}"
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
@@ -169,7 +170,7 @@ def copy_kind(job_dir: str, kind: str, dest: str, total_cap: int, file_cap: int,
         finally:
             os.close(fd)
         os.makedirs(dest, mode=0o700, exist_ok=True)
-        _write(os.path.join(dest, safe_name(rel[len(kind) + 1:])), got.data)
+        write_private(os.path.join(dest, safe_name(rel[len(kind) + 1:])), got.data)
         res.files += 1
         res.bytes += len(got.data)
         budget[0] -= len(got.data)
@@ -357,11 +358,11 @@ def collect_node(cfg: Config, job: NodeJob, window: kernel.KernelWindow | None =
     try:
         spool.ensure_dir(node_dir)
         if win.text or win.status in ("ok", "truncated"):
-            _write(os.path.join(node_dir, "kernel.log"), win.text)
+            write_private(os.path.join(node_dir, "kernel.log"), win.text)
             kernel_written = True
         if win.attributed:
             # Lines an earlier job owns: context for the analysis, never a root (ledger.py).
-            _write(os.path.join(node_dir, "kernel.attributed.log"), win.attributed)
+            write_private(os.path.join(node_dir, "kernel.attributed.log"), win.attributed)
         units = journal.parse_units(c.journal_units)
         if units and win.span:
             # Root system units' journal records (Fabric Manager), trusted by journald's fields.
@@ -370,7 +371,7 @@ def collect_node(cfg: Config, job: NodeJob, window: kernel.KernelWindow | None =
                                     win.span["end_epoch"] + c.window_slack_s, c.kernel_cap_bytes,
                                     timeout=max(1.0, min(5.0, deadline - time.monotonic())))
             if jw.text:
-                _write(os.path.join(node_dir, "journal.log"), jw.text)
+                write_private(os.path.join(node_dir, "journal.log"), jw.text)
             sources["journal"] = SourceResult(status=jw.status, bytes=len(jw.text), detail=jw.detail,
                                               ms=(time.monotonic() - tj) * 1000).to_dict()
 
@@ -417,7 +418,7 @@ def collect_node(cfg: Config, job: NodeJob, window: kernel.KernelWindow | None =
             sources[kind] = SourceResult(status="error", detail=f"not kept: {err.strerror or err}").to_dict()
         if not kernel_written and (win.text or win.status in ("ok", "truncated")):
             try:
-                _write(os.path.join(node_dir, "kernel.log"), win.text)
+                write_private(os.path.join(node_dir, "kernel.log"), win.text)
                 kernel_written = True
             except OSError:
                 pass
@@ -448,7 +449,7 @@ def collect_node(cfg: Config, job: NodeJob, window: kernel.KernelWindow | None =
         doc["provenance"]["kernel_attributed"] = provenance.describe("kernel_attributed")
     # Last: its presence tells the controller side this node is done.
     try:
-        _write(os.path.join(node_dir, "collect.json"), json.dumps(doc, indent=1).encode())
+        write_private(os.path.join(node_dir, "collect.json"), json.dumps(doc, indent=1).encode())
     except OSError as err:
         if not _spool_full(err) and spool_ok:
             raise

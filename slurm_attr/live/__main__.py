@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     args = _args(a, p)
     slots = Slots(cfg.paths.node_state, cfg.live.max_watchers)
-    if slots.take() is None:
+    if slots.take(wait_s=2 * cfg.live.interval_s) is None:
         slots.enqueue(args)  # a running watcher adopts the step
         if slots.take() is None:  # unless every host ended meanwhile: then this one hosts
             return 0

@@ -11,7 +11,10 @@ before taking it, so one job's steps stay together). A host runs its steps' cycl
 after the other and ends when its last step has ended and nothing waits.
 
 A host that dies leaves its adopted steps in ``claimed/<slot>/``; the next process to take
-that slot adopts them again. A queued step whose slurmstepd is gone is removed.
+that slot adopts them again. A queued step whose slurmstepd is gone is removed. A starting
+process waits a moment for a slot before it queues its step (a host whose steps just ended
+frees its slot within a cycle). Each host writes into its slot file which steps it watches
+(``{"pid": ..., "steps": ["<job>.<step>", ...]}``): an admin, or a test, finds a step's watcher.
 """
 from __future__ import annotations
 
@@ -72,7 +75,16 @@ class Slots:
         self.fd = -1
         self.index: int | None = None
 
-    def take(self) -> int | None:
+    def take(self, wait_s: float = 0.0) -> int | None:
+        """A free slot, trying again for ``wait_s`` seconds; None when every one stays taken."""
+        until = time.monotonic() + wait_s
+        while True:
+            got = self._take_once()
+            if got is not None or time.monotonic() >= until:
+                return got
+            time.sleep(0.2)
+
+    def _take_once(self) -> int | None:
         os.makedirs(os.path.join(self.dir, QUEUE), mode=0o700, exist_ok=True)
         for i in range(self.count):
             fd = os.open(os.path.join(self.dir, f"slot.{i}"),
@@ -86,6 +98,17 @@ class Slots:
             os.makedirs(self.claimed_dir(), mode=0o700, exist_ok=True)
             return i
         return None
+
+    def publish(self, steps: list[str]) -> None:
+        """Say in the held slot file which steps this process watches (best effort)."""
+        if self.fd < 0:
+            return
+        try:
+            data = json.dumps({"pid": os.getpid(), "steps": sorted(steps)}).encode()
+            os.ftruncate(self.fd, 0)
+            os.pwrite(self.fd, data, 0)
+        except OSError:
+            pass
 
     def close(self) -> None:
         """Give the slot back (the kernel does it too when the process ends)."""
@@ -157,6 +180,11 @@ class Host:
 
     def add(self, w: Any, claimed: str | None = None) -> None:
         self.watchers.append((claimed, w))
+        self._publish()
+
+    def _publish(self) -> None:
+        if self.slots is not None:
+            self.slots.publish([f"{w.job}.{getattr(w, 'step', '?')}" for _, w in self.watchers])
 
     def adopt(self) -> None:
         """Take waiting steps while there is room: this host's jobs' at once, others' after
@@ -195,6 +223,7 @@ class Host:
 
     def _end(self, claimed: str | None, w: Any) -> None:
         self.watchers.remove((claimed, w))
+        self._publish()
         w.leave()
         if claimed is not None and self.slots is not None:
             self.slots.release(claimed)

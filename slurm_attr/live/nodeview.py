@@ -23,7 +23,7 @@ from .. import safefs
 from ..errors import UnsafePath
 from ..probe import layout as L
 from ..probe.comms import Comm, group, member_activity_ns
-from ..probe.reader import MAX_FILES_PER_NODE, _probe_files, _read_record, _ReadState
+from ..probe.reader import MAX_FILES_PER_NODE, probe_files, read_record, ReadState
 from ..probe.record import ProbeFormatError, RankRecord
 
 VERSION = 1
@@ -59,16 +59,16 @@ def read_local(jobdir: str, node: str) -> tuple[list[RankRecord], list[str], dic
     records: list[RankRecord] = []
     problems: list[str] = []
     sizes: dict[str, int] = {}
-    state = _ReadState()
+    state = ReadState()
     try:
-        names, odd = _probe_files(dfd)
+        names, odd = probe_files(dfd)
         problems += [f"{n}: not a regular file" for n in odd[:5]]
         if len(names) > MAX_FILES_PER_NODE:
             problems.append(f"{len(names)} probe files, read {MAX_FILES_PER_NODE}")
             names = names[:MAX_FILES_PER_NODE]
         for name in names:
             try:
-                rec = _read_record(dfd, name, f"probe/{name}", node, state)
+                rec = read_record(dfd, name, f"probe/{name}", node, state)
             except (ProbeFormatError, OSError) as err:
                 problems.append(f"{name}: {err}")
                 continue

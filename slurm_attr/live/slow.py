@@ -55,7 +55,7 @@ MAX_PAIRS = 1 << 16
 
 
 # ---- the leader's part --------------------------------------------------------------------
-def _int(v: Any) -> bool:
+def is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -196,7 +196,7 @@ class SlowTracker:
                 continue
             for item in part["e"][:4096]:
                 if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str)
-                        and _int(item[1]) and isinstance(item[2], list)):
+                        and is_int(item[1]) and isinstance(item[2], list)):
                     continue
                 st = self.comms.get(item[0])
                 if st is None or not 0 <= item[1] < max(st.nranks, 1):

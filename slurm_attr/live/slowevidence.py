@@ -18,7 +18,7 @@ from ..model import Evidence, Symptom
 from ..probe.reader import READ_BUDGET_S, read_node
 from . import findings, store
 from .nodeview import current
-from .slow import KIND, MAX_SLOW, SlowTracker, _int, node_part
+from .slow import KIND, MAX_SLOW, SlowTracker, is_int, node_part
 
 SYMPTOM_ID = "live.slow"
 PM_MIN_SAMPLES = 20  # the final records' rings hold 60 operations (all communicators) per rank
@@ -27,7 +27,7 @@ PM_MAX_RANKS = 1024  # past this the rings' entries are thinned below PM_MIN_SAM
 
 def symptom(f: dict[str, Any], path: str, source: str = "live") -> Symptom:
     """One slow finding as an untrusted context symptom."""
-    ranks = [r for r in f.get("ranks") or () if _int(r)][:64]
+    ranks = [r for r in f.get("ranks") or () if is_int(r)][:64]
     nodes = [n for n in f.get("nodes") or () if isinstance(n, str) and store.valid_node(n)][:64]
     line = findings.headline(f)
     return Symptom(id=SYMPTOM_ID, cause="none", role="context", priority=10, trusted=False,

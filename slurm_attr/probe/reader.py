@@ -48,7 +48,7 @@ def _open_probe_dir(bundle: Bundle, node: str, nodes_fd: int | None) -> int:
         raise UnsafePath(f"{bundle.root}/nodes/{node}/probe: {os.strerror(err.errno or 0)}") from err
 
 
-class _ReadState:
+class ReadState:
     """What one bundle's reads share: the slot-count guess and a reused read buffer."""
 
     __slots__ = ("guess", "buf", "view")
@@ -59,7 +59,7 @@ class _ReadState:
         self.view = memoryview(self.buf)
 
 
-def _read_record(dfd: int, name: str, relpath: str, node: str, st: _ReadState) -> RankRecord:
+def read_record(dfd: int, name: str, relpath: str, node: str, st: ReadState) -> RankRecord:
     """One record. One read usually covers the header and every used slot (``st.guess``),
     a second read fetches the rest when it does not. Reads land in a reused buffer and
     only the used slots are kept (one bytes object): 4096 x 11 KB of fresh buffers per
@@ -93,7 +93,7 @@ def _read_record(dfd: int, name: str, relpath: str, node: str, st: _ReadState) -
         os.close(fd)
 
 
-def _probe_files(dfd: int) -> tuple[list[str], list[str]]:
+def probe_files(dfd: int) -> tuple[list[str], list[str]]:
     """(probe file names, names of things that are not regular files), from d_type:
     no stat per file."""
     files, odd = [], []
@@ -111,7 +111,7 @@ def _probe_files(dfd: int) -> tuple[list[str], list[str]]:
     return files, odd
 
 
-def read_node(bundle: Bundle, node: str, deadline: float, state: _ReadState | None = None,
+def read_node(bundle: Bundle, node: str, deadline: float, state: ReadState | None = None,
               nodes_fd: int | None = None) -> tuple[list[RankRecord], list[Coverage]]:
     """The records of one node, and what went wrong with the others."""
     rel = f"nodes/{node}/probe"
@@ -123,9 +123,9 @@ def read_node(bundle: Bundle, node: str, deadline: float, state: _ReadState | No
         return [], [Coverage(source=SOURCE, node=node, status=status, detail=detail)]
     records: list[RankRecord] = []
     cov: list[Coverage] = []
-    state = state if state is not None else _ReadState()
+    state = state if state is not None else ReadState()
     try:
-        names, odd = _probe_files(dfd)
+        names, odd = probe_files(dfd)
         for name in odd:
             cov.append(Coverage(source=SOURCE, node=node, status="error",
                                 detail=f"{rel}/{name}: not a regular file (symlink?), not read"))
@@ -140,7 +140,7 @@ def read_node(bundle: Bundle, node: str, deadline: float, state: _ReadState | No
                 break
             relpath = f"{rel}/{name}"
             try:
-                rec = _read_record(dfd, name, relpath, node, state)
+                rec = read_record(dfd, name, relpath, node, state)
             except ProbeFormatError as err:
                 cov.append(Coverage(source=SOURCE, node=node, status="error", detail=f"{relpath}: {err}"))
                 continue
@@ -169,7 +169,7 @@ def read_bundle(bundle: Bundle) -> tuple[list[RankRecord], list[Coverage]]:
     nodes = bundle.nodes()
     if not nodes:
         return [], [Coverage(source=SOURCE, status="missing", detail=NO_NODES)]
-    state = _ReadState()
+    state = ReadState()
     try:
         nodes_fd: int | None = safefs.open_dir(bundle.root, "nodes")
     except UnsafePath:

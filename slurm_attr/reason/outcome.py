@@ -25,13 +25,7 @@ def culprits(verdict: Verdict, choice: Choice, syms: list[Symptom], ranks: Mappi
         verdict.culprit_nodes, verdict.culprit_ranks = [], []
     else:
         verdict.culprit_nodes = sorted({n for s in choice.primary for n in [node_of(s, ranks)] if n})
-        primary_ids = {id(s) for s in choice.primary}
-        located = choice.cause in p.group("located")
-        verdict.culprit_ranks = sorted({s.rank for s in syms if s.rank is not None and (
-            id(s) in primary_ids or (s.role == "confirmation" and s.id.startswith(p.special.analysers)) or (
-                # ranks on the culprit node that saw the failure first-hand
-                located and s.role in ("cascade", "confirmation") and s.cause != p.special.hang
-                and s.node in verdict.culprit_nodes))})
+        verdict.culprit_ranks = _first_hand_ranks(choice, syms, verdict.culprit_nodes)
     verdict.culprit_gpus = sorted({s.gpu for s in choice.primary if s.gpu})
     if row.straggler:
         # the one rank every other waited for when it ended (issue 12 item 9)
@@ -43,9 +37,55 @@ def culprits(verdict: Verdict, choice: Choice, syms: list[Symptom], ranks: Mappi
         # one edge: both ends, ambiguous; an address no record maps: no node named
         verdict.culprit_nodes = sorted(vote_sym.fields.get("nodes") or [])
         choice.ambiguous = choice.ambiguous or len(vote.winners) > 1
+    if not verdict.culprit_nodes and choice.cause in p.group("placed_by_peers"):
+        _place_by_peers(verdict, choice, syms, ranks, vote)
     if row.lost_node_sources and not verdict.culprit_nodes:
         lost = sorted({c.node for c in coverage if c.node and c.status == "missing" and c.source in row.lost_node_sources})
         verdict.culprit_nodes = lost if len(lost) == 1 else []
+
+
+def _first_hand_ranks(choice: Choice, syms: list[Symptom], nodes: list[str]) -> list[int]:
+    """The ranks that saw the failure first-hand, from the strongest word down: the roots' own,
+    those whose own error confirms a root (the rank on the failed GPU, the rank whose DataLoader
+    worker was killed) and the analysers' (Flight Recorder, probe); without any, the task Slurm
+    or the launcher says exited on a culprit node (every rank of a failed job may say so, so
+    only then); and, for a cause located by its node, every rank on it that failed with it (a
+    machine check takes all of them)."""
+    p = policy.load()
+    primary_ids = {id(s) for s in choice.primary}
+    confirming = [s for s in syms if s.rank is not None and s.role == "confirmation"
+                  and (s.id.startswith(p.special.analysers) or not nodes or s.node in nodes)]
+    ranks = {s.rank for s in syms if s.rank is not None and id(s) in primary_ids}
+    ranks |= {s.rank for s in confirming if s.id not in p.weak_roots}
+    if not ranks:
+        ranks = {s.rank for s in confirming}
+    if not ranks and choice.cause in p.group("located"):
+        ranks = {s.rank for s in syms if s.rank is not None and s.role == "cascade"
+                 and s.cause != p.special.hang and s.node in nodes}
+    return sorted(r for r in ranks if r is not None)
+
+
+def _place_by_peers(verdict: Verdict, choice: Choice, syms: list[Symptom], ranks: Mapping[int, str],
+                    vote: netloc.Vote) -> None:
+    """A root with no node (output without a launcher label) is placed where its process died:
+    on the one node whose tasks Slurm says exited on their own (the policy's weak roots: "task
+    N: Exited with exit code 1" while the others were killed), else on the one node every
+    failing connection shares (its peers report the connection it closed)."""
+    p = policy.load()
+    exited = {s.node for s in syms if s.id in p.weak_roots and s.node and s.role != "context"}
+    if len(exited) == 1:
+        node = exited.pop()
+        why = f"Slurm says only the tasks on {node} exited on their own"
+    elif vote.decisive and not vote.winners[0].startswith(netloc.ADDRESS):
+        node = vote.winners[0]
+        why = f"{node} is on every failing connection ({vote.describe()})"
+    else:
+        return
+    verdict.culprit_nodes = [node]
+    there = sorted(r for r, n in ranks.items() if n == node)
+    if not verdict.culprit_ranks and len(there) == 1:
+        verdict.culprit_ranks = there
+    choice.notes.append(f"the root names no node; {why}: the process that failed ran there")
 
 
 def alternatives(choice: Choice, syms: list[Symptom], rivals: list[dict[str, str]],

@@ -23,7 +23,8 @@ else:  # pragma: no cover - exercised on older Pythons only
 from ..errors import RuleError
 
 FILE = "policy.toml"
-GROUPS = frozenset({"hardware", "claim", "rank_level", "echo", "unlocalised", "located", "hang_explained"})
+GROUPS = frozenset({"hardware", "claim", "rank_level", "echo", "unlocalised", "located", "hang_explained",
+                    "placed_by_peers"})
 DOMAINS = frozenset({"hardware", "network", "user", "scheduler", "infrastructure", "none", "unknown"})
 _CAUSE_KEYS = frozenset({"domain", "rank", "untrusted", "unconfirmed_path", "cascades", "groups", "why",
                          "yields_to_own_failure", "lost_node_sources", "confirmed_by", "straggler",

@@ -16,7 +16,7 @@ from .. import jobtext
 from ..model import ACTION_KINDS, CAUSES, ROLES, TRUSTED_SOURCES, Evidence, Symptom
 from .catalog import NUMERIC, Catalog, Rule
 from .template import fill
-from .scan import RawHit, matches, nccl_origin, parse_time, rank_prefix
+from .scan import RawHit, daemon_log_node, matches, nccl_origin, parse_time, rank_prefix
 
 MAX_EVIDENCE = 5  # lines kept per de-duplicated symptom; the rest are counted
 MAX_TEXT = 2000  # characters of one evidence line kept in a verdict
@@ -104,6 +104,9 @@ def build_symptom(catalog: Catalog, hit: RawHit, source: str, node: Optional[str
                   node=node, action=rule.action)
     if isinstance(fields.get("node"), str):
         sym.node = fields.pop("node")
+    elif node is None and source == "scheduler":
+        # one slurmd's log names its node in its file name (a trusted admin setting)
+        sym.node = daemon_log_node(hit.texts[0])
     rank = fields.pop("rank", None)
     if isinstance(rank, int):
         sym.rank = rank

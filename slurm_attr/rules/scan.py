@@ -50,6 +50,17 @@ RANK_PREFIX = re.compile(
 NCCL_PREFIX = re.compile(r"(?:^|[\s\]])(?P<host>[A-Za-z0-9][\w.-]{0,127}):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\]")
 
 
+# The collector's "<log file>: " prefix on a scheduler line (collect/controller.py), for a node
+# daemon's own log file: SlurmdLogFile with %n or %h (slurmd-n07.log, slurmd.n07.log).
+DAEMON_LOG = re.compile(r"^slurmd[-._](?P<node>[A-Za-z0-9][\w.-]{0,127}?)\.log: ")
+
+
+def daemon_log_node(line: str) -> Optional[str]:
+    """The node whose slurmd wrote this scheduler line, when its log file is named for the node."""
+    m = DAEMON_LOG.match(line)
+    return m.group("node") if m else None
+
+
 def nccl_origin(line: str) -> tuple[Optional[str], Optional[int]]:
     """(host, CUDA device) from an NCCL debug line's prefix, after any rank prefix."""
     m = RANK_PREFIX.match(line)

@@ -106,6 +106,9 @@ def analyze(bundle: Bundle, cfg: Config) -> tuple[list[Symptom], list[Coverage]]
     for sym in symptoms:
         if not sym.trusted:
             _attribute(sym, ranks, nodes)
+        elif sym.node is not None and nodes and sym.node not in nodes:
+            # a daemon line or log file may say the short name of an FQDN node (or the reverse)
+            sym.node = _match_node(sym.node, nodes) or sym.node
     return merge(symptoms), coverage
 
 

@@ -197,7 +197,9 @@ def test_replies_built_to_cost_memory_are_refused_and_the_cycle_goes_on(cluster,
         assert "FR poll" in cov and why in cov, cov
     else:
         for v in s["fr"].values():
-            assert "nested too deep to decode" in v.get("error", "") or v.get("pg") == {"0": [1, 0]}, v
+            # refused, or (msgspec skipping the deep unknown field) decoded to an entry without a
+            # group or state, which counts in no group: either way no error of another kind
+            assert "nested too deep to decode" in v.get("error", "") or ("error" not in v and v.get("pg") == {}), v
         assert all("nested too deep" in p for p in s["fr_problems"] if p.startswith("rank ")), s["fr_problems"]
     assert peak < min(cap, 200), peak
     print(f"\n{kind} replies: watcher peak RSS {peak:.0f} MB (cap {cap:.0f} MB); summary written (seq "

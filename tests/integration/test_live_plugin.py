@@ -72,11 +72,20 @@ exit $rc
     return cluster.sbatch(script, *opts)
 
 
-def _watchers(job: str) -> dict[str, int]:
-    """nodeid -> pid of the plugin-started watchers of the job's step 0."""
-    out = subprocess.run(["pgrep", "-af", f"slurm_attr.live watch --job {job} --step 0 "],
-                         capture_output=True, text=True).stdout
-    return {ln.split("--nodeid ")[1].split()[0]: int(ln.split()[0]) for ln in out.splitlines() if "--nodeid " in ln}
+def _watchers(cluster, job: str, step: str = "0") -> dict[str, int]:
+    """node -> pid of the live watcher process that watches the job's step there: the one whose
+    slot file (<node_state>/live/slot.N, each pretend node's own) lists it. A step beyond the
+    node's slots is watched by another job's process (live/host.py), so not by its command line."""
+    out = {}
+    for slot in (cluster.base / "nodes").glob("*/state/live/slot.*"):
+        try:
+            doc = json.loads(slot.read_text() or "{}")
+            alive = b"slurm_attr.live" in Path(f"/proc/{doc.get('pid')}/cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        if alive and f"{job}.{step}" in doc.get("steps", []):
+            out[slot.parts[-4]] = int(doc["pid"])
+    return out
 
 
 def _wait_finding(cluster, job: str, want, timeout: float = 120) -> dict | None:
@@ -193,7 +202,7 @@ def test_a_job_outside_the_live_partitions_gets_no_watcher(cluster):
             time.sleep(0.2)
         records = sorted(p.name.split(".")[0] for p in probe.glob("rank*.probe"))
         time.sleep(2)  # a watcher would have written its first summary by now (interval_s 0.5)
-        pids = _watchers(job)
+        pids = _watchers(cluster, job)
         state = cluster.wait_state(job, timeout=150)
     finally:
         cluster.run(["scancel", job], check=False)
@@ -271,10 +280,10 @@ def test_hostile_records_and_killed_watchers_leave_the_job_as_it_was(cluster):
             except (OSError, ValueError):
                 pass
             time.sleep(0.3)
-        pids = _watchers(job)
-        assert sorted(pids) == ["0", "1"], pids
-        os.kill(pids["1"], signal.SIGKILL)
-        os.kill(pids["0"], signal.SIGTERM)
+        pids = _watchers(cluster, job)
+        assert sorted(pids) == sorted(nodes), pids
+        os.kill(pids[nodes[1]], signal.SIGKILL)
+        os.kill(pids[nodes[0]], signal.SIGTERM)
         state = cluster.wait_state(job, timeout=150)
     finally:
         cluster.run(["scancel", job], check=False)
@@ -310,9 +319,9 @@ def test_a_full_spool_leaves_the_job_as_it_was(cluster):
         cluster.run(["scontrol", "release", job])
         cluster.job_nodes(job, timeout=90)
         deadline = time.monotonic() + 60
-        while len(_watchers(job)) < 2 and time.monotonic() < deadline:
+        while len(_watchers(cluster, job)) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert len(_watchers(job)) == 2  # they run, and cannot write a byte
+        assert len(_watchers(cluster, job)) == 2  # they run, and cannot write a byte
         state = cluster.wait_state(job, timeout=150)
         df = subprocess.run(mounted[0] + ["df", "--output=avail", str(live)], capture_output=True, text=True).stdout
     finally:

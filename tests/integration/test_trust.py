@@ -116,7 +116,7 @@ def test_opted_out_job_with_a_fresh_xid_during_the_job_is_drained(cluster, lines
 
 
 def test_fabric_manager_and_xid_text_in_output_path_and_argv_is_no_trusted_symptom(cluster, lines):
-    work = cluster.workdir("sattrtest")
+    cluster.workdir("sattrtest")
     # The output path names a directory that does not exist: slurmstepd logs the path.
     bad_out = f"/nonexistent/{FM} x.out"
     job1 = cluster.sbatch("#!/bin/bash\n#SBATCH -N1 -w n3\nexit 0\n", "-o", bad_out, user="sattrtest")

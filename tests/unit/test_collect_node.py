@@ -116,7 +116,7 @@ def test_rank_map_is_read_removed_and_used_by_the_bundle(cfg):
     assert doc["ranks"] == {"0": [0, 1]}
     assert not os.path.exists(os.path.join(root, "42.ranks.0.0"))
     assert os.path.exists(os.path.join(root, "42.ranks.0.1"))  # n2's, left for n2
-    doc2 = collect_node(cfg, NodeJob(job_id="42", node="n2", bundle_key="42"))
+    collect_node(cfg, NodeJob(job_id="42", node="n2", bundle_key="42"))
     b = Bundle(os.path.join(cfg.paths.spool, "bundles", "42"))
     assert b.ranks() == {0: "n1", 1: "n1", 2: "n2", 3: "n2"}
     assert b.node_of_rank(3) == "n2"

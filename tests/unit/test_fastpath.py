@@ -91,7 +91,7 @@ def test_fatal_xid_drains_this_node_and_records_fast_decision(tmp_path, fake_cat
 
 
 def test_only_this_nodes_own_symptoms_count(tmp_path, fake_catalog, monkeypatch):
-    slurm, store = FakeSlurm(), Store(memory=True)
+    slurm = FakeSlurm()
     load, extract = fake_catalog.api()
 
     def other_node(catalog, source, node, path, lines):
@@ -104,7 +104,7 @@ def test_only_this_nodes_own_symptoms_count(tmp_path, fake_catalog, monkeypatch)
 
 
 def test_informational_xid_does_not_drain(tmp_path, fake_catalog):
-    slurm, store = FakeSlurm(), Store(memory=True)
+    slurm = FakeSlurm()
     line = XID79.replace("): 79,", "): 63,")
     assert fastpath.run(drain_cfg(), "1", "n2", _bundle(tmp_path, kernel=line + "\n"), slurm=slurm) == []
     assert slurm.calls == []
@@ -126,7 +126,7 @@ def test_disabled_or_fast_path_off_does_nothing(tmp_path, fake_catalog):
 
 
 def test_dry_run_records_and_does_not_drain(tmp_path, fake_catalog):
-    slurm, store = FakeSlurm(), Store(memory=True)
+    slurm = FakeSlurm()
     acts = fastpath.run(drain_cfg(dry_run=True), "1", "n2", _bundle(tmp_path, kernel=XID79 + "\n"), slurm=slurm)
     assert [(a.applied, a.blocked_by) for a in acts] == [(False, "dry-run")]
     assert slurm.drained() == [] and not any(c[0] == "drain" for c in slurm.calls)
@@ -193,7 +193,7 @@ def test_drains_from_memory_without_database_or_spool(tmp_path, fake_catalog):
 
 
 def test_slurm_unreachable_is_logged_not_raised(tmp_path, fake_catalog):
-    slurm, store = FakeSlurm(), Store(memory=True)
+    slurm = FakeSlurm()
     slurm.unreachable = True
     acts = fastpath.run(drain_cfg(), "1", "n2", _bundle(tmp_path, kernel=XID79 + "\n"), slurm=slurm)
     assert not acts[0].applied and acts[0].blocked_by.startswith("slurm error")
@@ -211,7 +211,7 @@ def _real_catalog_matches_xid79() -> bool:
 
 @pytest.mark.skipif(not _real_catalog_matches_xid79(), reason="the rule catalog has no fatal Xid rule yet")
 def test_real_catalog_fatal_xid_drains_and_is_fast(tmp_path):
-    slurm, store = FakeSlurm(), Store(memory=True)
+    slurm = FakeSlurm()
     noise = "".join(f"2026-11-30T10:00:{i % 60:02d}+00:00 host kernel: eth0: link up {i}\n" for i in range(2000))
     t0 = time.monotonic()
     acts = fastpath.run(drain_cfg(), "1234", "n2", _bundle(tmp_path, kernel=noise + XID79 + "\n"), slurm=slurm)

@@ -3,7 +3,6 @@ and the epilog's order (kernel window in memory -> fast path -> spool)."""
 from __future__ import annotations
 
 import errno
-import json
 import os
 import time
 
@@ -86,14 +85,14 @@ def test_full_spool_keeps_the_kernel_window_and_still_cleans_up(cfg, tmp_path, m
         f.write(b"x" * 1000)
     rank_map = _rank_map(cfg)
     (tmp_path / "kern-n1.log").write_text("a kernel line\n")
-    real = node_mod._write
+    real = node_mod.write_private
 
     def enospc_except_small(path, data):
         if os.path.basename(path) not in ("kernel.log", "collect.json"):
             raise node_mod.SpoolFull(errno.ENOSPC, "spool: No space left on device")
         real(path, data)
 
-    monkeypatch.setattr(node_mod, "_write", enospc_except_small)
+    monkeypatch.setattr(node_mod, "write_private", enospc_except_small)
     doc = collect_node(cfg, NodeJob(job_id="42", node="n1", bundle_key="42", start=time.time() - 5))
     assert doc["sources"]["spool"]["status"] == "error"
     assert "kept only the kernel window" in doc["sources"]["spool"]["detail"]
@@ -112,7 +111,7 @@ def test_read_only_spool_writes_nothing_and_still_cleans_up(cfg, monkeypatch):
         raise OSError(errno.EROFS, "Read-only file system")
 
     monkeypatch.setattr(node_mod.spool, "ensure_dir", erofs)
-    monkeypatch.setattr(node_mod, "_write", lambda p, data: (_ for _ in ()).throw(
+    monkeypatch.setattr(node_mod, "write_private", lambda p, data: (_ for _ in ()).throw(
         node_mod.SpoolFull(errno.EROFS, "spool: Read-only file system")))
     doc = collect_node(cfg, NodeJob(job_id="42", node="n1", bundle_key="42"))
     assert "kept nothing" in doc["sources"]["spool"]["detail"]

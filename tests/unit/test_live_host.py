@@ -2,6 +2,7 @@
 their adoption (live/host.py), and what slurmstepd tells a watcher (live/stepd.py)."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from slurm_attr.live.stepd import Stepd
 
 class FakeWatcher:
     def __init__(self, args: StepArgs):
-        self.args, self.job, self.cycles, self.alive, self.left = args, args.job, 0, True, False
+        self.args, self.job, self.step, self.cycles, self.alive, self.left = args, args.job, args.step, 0, True, False
 
     def step_alive(self) -> bool:
         return self.alive
@@ -34,7 +35,7 @@ def _step(job: str, step: str, stepd_pid: int | None = None) -> StepArgs:
 
 def test_slots_are_held_per_process_and_steps_beyond_them_queue(tmp_path):
     a, b, c = (Slots(str(tmp_path), 2) for _ in range(3))
-    assert (a.take(), b.take(), c.take()) == (0, 1, None)
+    assert (a.take(), b.take(), c.take(wait_s=0.3)) == (0, 1, None)
     c.enqueue(_step("7", "3"))
     assert [n for n, _ in c.queued()] == ["7.3.n1.json"]
     a.close()  # a watcher ends: its slot is free again
@@ -72,6 +73,9 @@ def test_a_host_adopts_its_own_jobs_steps_at_once_and_others_after_the_grace(tmp
     h.adopt()
     assert made[1].left and [(w.job, w.args.step) for _, w in h.watchers] == [("7", "0"), ("8", "0"), ("7", "2")]
     assert sorted(os.listdir(slots.claimed_dir())) == ["7.2.n1.json", "8.0.n1.json"]
+    # the slot file says which steps this process watches (how an admin finds a step's watcher)
+    with open(os.path.join(slots.dir, f"slot.{slots.index}")) as f:
+        assert json.load(f) == {"pid": os.getpid(), "steps": ["7.0", "7.2", "8.0"]}
     slots.close()
 
 

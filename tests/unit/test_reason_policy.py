@@ -82,8 +82,6 @@ def test_the_engine_names_no_cause_and_no_rule():
 
 def test_a_verdict_says_why_its_cause_won(tmp_path):
     """The reasoning names the winner over its rivals, and `--why` prints it (job text printable)."""
-    from click.testing import CliRunner
-
     from slurm_attr.cli.jobs import why_lines
     from slurm_attr.model import Evidence, Symptom
     from slurm_attr.verdict import decide

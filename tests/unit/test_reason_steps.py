@@ -160,7 +160,7 @@ def test_near_miss_a_node_failure_of_this_attempt_is_not_earlier():
 
 # -- contradiction ---------------------------------------------------------------------------------
 def lost_gpu(node="n2"):
-    return sym("gpu.lost_in_output", "gpu_hardware", f"6: [Thu May  2 09:41:07 2024] NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.",
+    return sym("gpu.lost_in_output", "gpu_hardware", "6: [Thu May  2 09:41:07 2024] NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.",
                rank=6, node=node, priority=70)
 
 

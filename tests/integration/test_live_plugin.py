@@ -280,7 +280,10 @@ def test_hostile_records_and_killed_watchers_leave_the_job_as_it_was(cluster):
             except (OSError, ValueError):
                 pass
             time.sleep(0.3)
-        pids = _watchers(cluster, job)
+        # n2's summary can come before n1's watcher holds its slot (it waits for one while
+        # the previous tests' watchers end, or is adopted by a running one): wait for both
+        while len(pids := _watchers(cluster, job)) < len(nodes) and time.monotonic() < deadline + 30:
+            time.sleep(0.2)
         assert sorted(pids) == sorted(nodes), pids
         os.kill(pids[nodes[1]], signal.SIGKILL)
         os.kill(pids[nodes[0]], signal.SIGTERM)

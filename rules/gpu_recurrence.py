@@ -67,7 +67,7 @@ def _x13(node: str = "n1", gpu: str = "0000:3b:00") -> Symptom:
 
 HISTORY_RULES = [
     HistoryRule(
-        id="gpu.xid_recurrent", cause="gpu_hardware", priority=92,
+        id="gpu.xid_recurrent", cause="gpu_hardware", priority=92, action="drain",
         summary="a program-side Xid recurring on one GPU across jobs",
         description="Xid 13/31 on the same node and GPU in >= 3 unrelated jobs within 7 days: gpu_hardware "
                     "(lemon GPU), drain; the earlier job ids are the evidence.",

@@ -61,6 +61,9 @@ class Collect:
     # (comma-separated, e.g. "nvidia-fabricmanager.service"); checked by journald's own
     # _UID/_SYSTEMD_UNIT/_TRANSPORT fields. Empty: none read (collect/journal.py).
     journal_units: str = ""
+    # The NVIDIA kernel module's own version text, compared across a job's nodes (may contain
+    # %n for the node name; empty: not read). collect/software.py.
+    driver_version_file: str = "/proc/driver/nvidia/version"
     # Seconds of kernel log before the job's start and after its end to include.
     window_slack_s: int = 120
     fr_cap_bytes: int = 256 * MiB  # all FR dumps of one node together

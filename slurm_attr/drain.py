@@ -33,6 +33,7 @@ from .breaker import Breaker
 from .config import Config
 from .errors import SlurmError, StoreError
 from .model import Action, Symptom, Verdict, domain_of, is_trusted
+from .reason import policy
 # Node state and its vocabulary live with Slurm's view (slurmstate.py); re-exported here
 # for the CLI and tests. Dependencies run one way: drain -> breaker -> slurmstate.
 from .slurmstate import (BLOCK_ALREADY, BLOCK_BREAKER, NOT_OURS, PREFIX, NodeState,  # noqa: F401
@@ -58,7 +59,7 @@ def may_drain(s: Symptom, hardware_verdict: bool) -> bool:
     # Defence in depth: a symptom claiming trust must rest on a trusted source.
     if s.evidence and not any(is_trusted(e.source) for e in s.evidence):
         return False
-    if hardware_verdict or domain_of(s.cause) == "hardware":
+    if hardware_verdict or domain_of(s.cause) == "hardware" or s.id in policy.load().special.drain_beyond_hardware:
         return True
     # The XID catalog's reset/reboot actions drain whatever the verdict (DESIGN.md §6).
     return s.action in ("reset", "reboot")

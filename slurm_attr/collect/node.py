@@ -22,7 +22,7 @@ from typing import Any
 from .. import safefs, spool
 from ..config import Config
 from ..errors import UnsafePath
-from . import journal, kernel, ledger, provenance, sharedroot, window
+from . import journal, kernel, ledger, provenance, sharedroot, software, window
 
 # The window comes from collect/window.py, never from a fixed look-back (issue 10: a 24 h
 # look-back re-read Xids that were already reported and handled, and drained again).
@@ -374,6 +374,11 @@ def collect_node(cfg: Config, job: NodeJob, window: kernel.KernelWindow | None =
                 write_private(os.path.join(node_dir, "journal.log"), jw.text)
             sources["journal"] = SourceResult(status=jw.status, bytes=len(jw.text), detail=jw.detail,
                                               ms=(time.monotonic() - tj) * 1000).to_dict()
+
+        version = software.driver_version_text(c.driver_version_file.replace("%n", job.node))
+        if version:
+            write_private(os.path.join(node_dir, "software.log"), version)
+            sources["software"] = SourceResult(bytes=len(version), detail=c.driver_version_file).to_dict()
 
         # 2. What the job wrote. Skipped entirely when the user opted out.
         job_dir = os.path.join(cfg.paths.evidence_root, job.job_id)

@@ -98,6 +98,9 @@ def check(syms: Iterable[Symptom], coverage: Sequence[Coverage], job: Mapping[st
             s.status.kernel_format_copy = True  # job output imitating the kernel: marked, whatever it claims
         if s.cause not in policy.load().group("claim"):
             continue
+        if s.id in policy.load().special.silent:
+            s.status.doubt("unconfirmed", "claimed by the job's output; a silent fault leaves no kernel line to check")
+            continue
         about = [s.node] if s.node else list(nodes)
         if s.cause == "network" and s.fields.get("peer_node"):
             about = sorted({*about, str(s.fields["peer_node"])})

@@ -97,6 +97,11 @@ def alternatives(choice: Choice, syms: list[Symptom], rivals: list[dict[str, str
     out = list(rivals) + [dict(a) for a in p.cause(choice.cause).alternatives]
     if choice.cause == sp.no_evidence:
         out += [{"cause": c, "why": f"only indirect evidence: {w}"} for c, w in hints.items()]
+    said = {(a["cause"], a["why"]) for a in out}
+    for s in syms:  # a suspicion never decides, and is always said (silent data corruption)
+        if s.id in sp.suspicions and s.cause != choice.cause and (s.cause, s.summary or s.id) not in said:
+            said.add((s.cause, s.summary or s.id))
+            out.append({"cause": s.cause, "why": s.summary or s.id})
     if choice.cause in p.group("hardware") and any(s.id == sp.clean_exit for s in syms):
         out.append({"cause": sp.completed, "why": sp.clean_exit_alternative})
     return out

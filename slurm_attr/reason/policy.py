@@ -30,7 +30,8 @@ _CAUSE_KEYS = frozenset({"domain", "rank", "untrusted", "unconfirmed_path", "cas
                          "yields_to_own_failure", "lost_node_sources", "confirmed_by", "straggler",
                          "earlier_is_alternative", "alternatives", "health"})
 _TOP_KEYS = frozenset({"version", "weak_roots", "no_why", "clean_exit", "clean_exit_unless", "completed",
-                       "no_evidence", "hang", "hang_note", "analysers", "clean_exit_alternative", "causes", "cases"})
+                       "no_evidence", "hang", "hang_note", "analysers", "clean_exit_alternative", "causes", "cases",
+                       "silent", "suspicions", "drain_beyond_hardware"})
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,13 @@ class Special:
     hang_note: str
     analysers: tuple[str, ...]
     clean_exit_alternative: str
+    # findings of faults the kernel never logs (silent data corruption): a clean kernel log does
+    # not contradict them
+    silent: tuple[str, ...] = ()
+    # findings that never decide and are always said beside the verdict as an alternative
+    suspicions: tuple[str, ...] = ()
+    # findings whose trusted drain action holds whatever the verdict's domain
+    drain_beyond_hardware: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -166,7 +174,10 @@ def _special(data: Mapping[str, Any], causes: Mapping[str, Cause]) -> Special:
             raise _fail(f"{key}: a non-empty string")
     return Special(data["clean_exit"], tuple(sorted(_names(data.get("clean_exit_unless", []), "clean_exit_unless"))),
                    data["completed"], data["no_evidence"], data["hang"], data["hang_note"],
-                   tuple(sorted(_names(data.get("analysers", []), "analysers"))), data["clean_exit_alternative"])
+                   tuple(sorted(_names(data.get("analysers", []), "analysers"))), data["clean_exit_alternative"],
+                   tuple(sorted(_names(data.get("silent", []), "silent"))),
+                   tuple(sorted(_names(data.get("suspicions", []), "suspicions"))),
+                   tuple(sorted(_names(data.get("drain_beyond_hardware", []), "drain_beyond_hardware"))))
 
 
 def parse(data: Mapping[str, Any]) -> Policy:

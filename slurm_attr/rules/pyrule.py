@@ -114,6 +114,7 @@ class HistoryRule:
     cases: Sequence[HistoryCase] = ()
     status: str = "stable"
     role: str = "root"
+    action: str = "none"  # what its findings ask of the node (documentation; each finding carries its own)
 
 
 @dataclass(frozen=True)

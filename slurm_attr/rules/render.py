@@ -36,7 +36,7 @@ def render_text(catalog: Catalog) -> str:
     for j in sorted(catalog.job_rules, key=lambda r: r.id):
         rows.append((j.id, j.status, str(j.priority), j.role, j.cause, "job.json", "none"))
     for h in catalog.history_rules:
-        rows.append((h.id, h.status, str(h.priority), h.role, h.cause, "history", "drain"))
+        rows.append((h.id, h.status, str(h.priority), h.role, h.cause, "history", h.action))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
     counts = family_counts(catalog)
@@ -124,7 +124,7 @@ def render_markdown(catalog: Catalog) -> str:
     for j in sorted(catalog.job_rules, key=lambda r: r.id):
         out.append(f"| `{j.id}` | {j.status} | {j.priority} | {j.role} | {j.cause} | job.json | none |")
     for h in catalog.history_rules:
-        out.append(f"| `{h.id}` | {h.status} | {h.priority} | {h.role} | {h.cause} | history | drain |")
+        out.append(f"| `{h.id}` | {h.status} | {h.priority} | {h.role} | {h.cause} | history | {h.action} |")
     by_family: dict[str, list[Rule]] = {}
     for r in catalog.rules:
         by_family.setdefault(r.family, []).append(r)
@@ -138,6 +138,9 @@ def render_markdown(catalog: Catalog) -> str:
     out += ["", "## History rules (Python, over the verdict store)", ""]
     for h in catalog.history_rules:
         out.append(f"- `{h.id}` ({h.cause}, priority {h.priority}): {h.description}")
+    out += ["", "## Job refiners (Python, relations between one job's symptoms)", ""]
+    for ref in sorted(catalog.job_refiners, key=lambda r: r.id):
+        out.append(f"- `{ref.id}` ({ref.status}): {ref.description}")
     out += _policy_md()
     for table in catalog.doc_tables:
         out += ["", f"## {table.title}", "", table.intro, "", "| " + " | ".join(table.header) + " |",

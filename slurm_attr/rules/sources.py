@@ -18,6 +18,7 @@ from . import parallel, wire
 from .extract import extract_buffer, merge
 
 SCHEDULER_CAP = 4 << 20  # per scheduler log file
+SOFTWARE_CAP = 4096  # the node's software versions (collect/software.py)
 MAX_SCHEDULER_FILES = 64
 MAX_NCCL_FILES = 256
 
@@ -76,6 +77,8 @@ def _tasks(bundle: Bundle, cfg: Config, nodes: list[str]) -> list[Task]:
     tasks: list[Task] = [("kernel", n, f"nodes/{n}/kernel.log", cfg.collect.kernel_cap_bytes, False) for n in nodes]
     # Root system units' journal records (collect/journal.py), present only when the site names units.
     tasks += [("journal", n, f"nodes/{n}/journal.log", cfg.collect.kernel_cap_bytes, True) for n in nodes]
+    # The NVIDIA kernel module's own version text (collect/software.py): the kernel's word too.
+    tasks += [("kernel", n, f"nodes/{n}/software.log", SOFTWARE_CAP, True) for n in nodes]
     sched = [p for p in bundle.files("scheduler") if p.endswith(".log")][:MAX_SCHEDULER_FILES]
     tasks += [("scheduler", None, rel, SCHEDULER_CAP, False) for rel in sched]
     for name in ("stdout", "stderr"):

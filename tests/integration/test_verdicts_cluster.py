@@ -146,3 +146,95 @@ exit 1
                         "65536, reducing to 32768'\nexit 0\n", user=USER)
     assert cluster.wait_state(ok) == "COMPLETED"
     assert cluster.verdict(ok)["cause"] == "none"
+
+
+def _one_rank_nan_job(cluster, bus: int, bad_rank: int) -> str:
+    """Four ranks on n1 and n2 (two each); every rank prints NCCL's init line (its GPU's busId),
+    then ``bad_rank`` alone stops on a NaN loss while the others finish their step."""
+    script = f"""#!/bin/bash
+#SBATCH -N2 -n4 --ntasks-per-node=2 -w n1,n2
+srun -l bash -c '
+r=$SLURM_PROCID
+echo "$(hostname -s):4242:4300 [$SLURM_LOCALID] NCCL INFO comm 0x55d2a8c0 rank $r nranks 4 cudaDev $SLURM_LOCALID busId $(printf %x $(( {bus} + r )))000 commId 0x3fa1 - Init COMPLETE"
+if [ "$r" = {bad_rank} ]; then echo "Loss is nan, stopping training"; exit 1; fi
+sleep 1'
+"""
+    return cluster.sbatch(script, user=USER)
+
+
+def test_nan_on_one_rank_alone_is_suspected_corruption_and_again_on_its_gpu_the_verdict(cluster):
+    bus = 0x20 + time.time_ns() % 0xc0  # a GPU address of this run's own: the store keeps other runs'
+    first = _one_rank_nan_job(cluster, bus, bad_rank=2)
+    assert cluster.wait_state(first) == "FAILED"
+    v = cluster.verdict(first)
+    assert v["cause"] == "user_error" and v["culprit"]["ranks"] == [2], v["summary"]
+    gpu = f"0000:{bus + 2:02x}:00"
+    sdc = [a for a in v["alternatives"] if a["cause"] == "gpu_hardware"]
+    assert sdc and "suspected silent data corruption" in sdc[0]["why"] and gpu in sdc[0]["why"], v["alternatives"]
+    # the same on the same GPU in a second job: the verdict, and still no drain
+    second = _one_rank_nan_job(cluster, bus, bad_rank=2)
+    assert cluster.wait_state(second) == "FAILED"
+    v2 = cluster.verdict(second)
+    assert (v2["cause"], v2["culprit"]["gpus"]) == ("gpu_hardware", [gpu]), v2["summary"]
+    assert "2 jobs" in v2["summary"] and not [a for a in v2["actions"] if a["kind"] == "drain"], v2["actions"]
+    assert not any(cluster.node_state(n)[1].startswith("SATTR:") for n in ("n1", "n2"))
+    # near miss: rank 0 alone (where programs check for every rank) on a third run: no suspicion
+    third = _one_rank_nan_job(cluster, bus, bad_rank=0)
+    assert cluster.wait_state(third) == "FAILED"
+    v3 = cluster.verdict(third)
+    assert v3["cause"] == "user_error" and not any(a["cause"] == "gpu_hardware" for a in v3["alternatives"]), v3
+
+
+MISMATCH = ("NVRM: API mismatch: the client has the version 535.161.08, but",
+            "NVRM: this kernel module has the version 550.54.15.  Please make sure that this kernel module and all "
+            "NVIDIA driver components have the same version.")
+
+
+@pytest.fixture
+def n4_on_another_driver(cluster):
+    """Each pretend node's /proc/driver/nvidia/version: n4 on 550.54.15, the others on 535.161.08;
+    removed afterwards, with the kernel lines written and any SATTR: drain of n4."""
+    files = []
+    for n in ("n1", "n2", "n3", "n4"):
+        f = cluster.base / "nodes" / n / "nvidia-version"
+        f.write_text(f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {'550.54.15' if n == 'n4' else '535.161.08'}  "
+                     "Tue Mar  5 22:42:15 UTC 2024\nGCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n")
+        files.append(f)
+    _sattr(cluster, "breaker", "reset", "--reason", "test_verdicts skew start")
+    try:
+        with cluster.settings(collect={"driver_version_file": str(cluster.base / "node" / "nvidia-version")}):
+            yield
+    finally:
+        for f in files:
+            f.unlink(missing_ok=True)
+        path = cluster.base / "kernel" / "n4.log"
+        path.write_text("".join(ln for ln in path.read_text().splitlines(keepends=True) if not any(m in ln for m in MISMATCH)))
+        if _ours(cluster, "n4"):
+            _sattr(cluster, "undrain", "n4", "--reason", "test_verdicts skew cleanup")
+        _sattr(cluster, "breaker", "reset", "--reason", "test_verdicts skew end")
+
+
+def test_one_node_on_another_driver_where_the_job_failed_at_launch_is_drained(cluster, n4_on_another_driver):
+    # near miss first: the same skew under a job that completes is said beside its verdict, no drain
+    ok = cluster.sbatch("#!/bin/bash\n#SBATCH -N4 -w n1,n2,n3,n4\nsrun true\n", user=USER)
+    assert cluster.wait_state(ok) == "COMPLETED"
+    v = cluster.verdict(ok)
+    assert v["cause"] == "none" and not [a for a in v["actions"] if a["kind"] == "drain"], v
+    assert any("n4 runs NVIDIA driver 550.54.15" in a["why"] for a in v["alternatives"]), v["alternatives"]
+    assert not _ours(cluster, "n4")
+    # the kernel module on n4 refuses the user-space driver the job brings: the job fails there
+    gate = cluster.gate()
+    job = cluster.sbatch(f"#!/bin/bash\n#SBATCH -N4 -w n1,n2,n3,n4\necho starting\n{gate.wait}\n"
+                         "echo 'RuntimeError: Found no NVIDIA driver on your system.'\nexit 1\n", user=USER)
+    cluster.wait_running(job)
+    for line in MISMATCH:
+        cluster.kernel_log("n4", line)
+    gate.open()
+    assert cluster.wait_state(job) == "FAILED"
+    v = cluster.verdict(job)
+    assert (v["cause"], v["culprit"]["nodes"]) == ("launch_failure", ["n4"]), v["summary"]
+    skew = next(s for s in v["symptoms"] if s["id"] == "infra.version_skew")
+    assert skew["role"] == "root" and skew["trusted"] and "535.161.08" in skew["summary"], skew
+    n4 = [a for a in v["actions"] if a["node"] == "n4" and a["kind"] == "drain"]
+    assert n4 and n4[0]["applied"], v["actions"]
+    assert _ours(cluster, "n4") and cluster.node_state("n4")[0].startswith("drain"), cluster.node_state("n4")

@@ -141,3 +141,18 @@ def test_kernel_window_starts_at_the_jobs_first_step(cfg, tmp_path):
         f.write("0 0 0 n1\n")
     collect_node(cfg, NodeJob(job_id="42", node="n1", bundle_key="42"))
     assert open(os.path.join(_node_part(cfg), "kernel.log")).read() == ""
+
+
+def test_the_nodes_driver_version_is_kept_beside_its_kernel_log(cfg, tmp_path):
+    _jobdir(cfg)
+    (tmp_path / "kern-n1.log").write_text("a kernel line\n")
+    (tmp_path / "nvidia-n1").write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.161.08  Tue Mar  5 2024\n")
+    cfg.collect.driver_version_file = str(tmp_path / "nvidia-%n")
+    doc = collect_node(cfg, NodeJob(job_id="42", node="n1", bundle_key="42"))
+    part = _node_part(cfg)
+    assert open(os.path.join(part, "software.log")).read().startswith("NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.161.08")
+    assert doc["sources"]["software"]["status"] == "ok"
+    # near miss: a node without the NVIDIA driver has no such file, and says nothing of it
+    _jobdir(cfg, "43")
+    doc = collect_node(cfg, NodeJob(job_id="43", node="n2", bundle_key="43"))
+    assert "software" not in doc["sources"] and not os.path.exists(os.path.join(_node_part(cfg, "43", "n2"), "software.log"))

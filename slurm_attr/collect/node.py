@@ -327,6 +327,62 @@ def _spool_full(err: OSError) -> bool:
     return isinstance(err, SpoolFull) or err.errno in SPOOL_FULL_ERRNOS
 
 
+def _root_sources(cfg: Config, job: NodeJob, win: kernel.KernelWindow, node_dir: str,
+                  deadline: float) -> dict[str, dict[str, Any]]:
+    """Beside the kernel window, what root's own records say (trusted): the named units'
+    journal records (Fabric Manager) and the NVIDIA driver's version (collect/software.py)."""
+    c = cfg.collect
+    out: dict[str, dict[str, Any]] = {}
+    units = journal.parse_units(c.journal_units)
+    if units and win.span:
+        # Root system units' journal records, trusted by journald's fields.
+        tj = time.monotonic()
+        jw = journal.read_units(units, win.span["start_epoch"] - c.window_slack_s,
+                                win.span["end_epoch"] + c.window_slack_s, c.kernel_cap_bytes,
+                                timeout=max(1.0, min(5.0, deadline - time.monotonic())))
+        if jw.text:
+            write_private(os.path.join(node_dir, "journal.log"), jw.text)
+        out["journal"] = SourceResult(status=jw.status, bytes=len(jw.text), detail=jw.detail,
+                                      ms=(time.monotonic() - tj) * 1000).to_dict()
+    version = software.driver_version_text(c.driver_version_file.replace("%n", job.node))
+    if version:
+        write_private(os.path.join(node_dir, "software.log"), version)
+        out["software"] = SourceResult(bytes=len(version), detail=c.driver_version_file).to_dict()
+    return out
+
+
+def _job_sources(cfg: Config, job: NodeJob, node_dir: str, deadline: float) -> dict[str, dict[str, Any]]:
+    """The job's own files (FR dumps, probe records, NCCL logs), each kind within its caps and
+    the job's cap on this node; none when the user opted out or the dir is not the job user's."""
+    c = cfg.collect
+    kinds = ("fr", "probe", "nccl")
+    if job.opted_out:
+        return {k: SourceResult(status="missing", detail="job opted out (--attr=off)").to_dict() for k in kinds}
+    job_dir = os.path.join(cfg.paths.evidence_root, job.job_id)
+    try:
+        fd = safefs.open_dir(job_dir)
+        try:
+            owner = os.fstat(fd).st_uid
+        finally:
+            os.close(fd)
+    except UnsafePath as err:
+        return {k: SourceResult(status="missing", detail=f"job dir: {err}").to_dict() for k in kinds}
+    if job.uid is not None and owner != job.uid:
+        # A dir the plugin refused (planted by another uid) is that uid's: never read it.
+        return {k: SourceResult(status="error", detail=(
+            f"job dir owned by uid {owner}, not the job's uid {job.uid}: not read")).to_dict() for k in kinds}
+    caps = {"fr": (c.fr_cap_bytes, c.fr_file_cap_bytes, False),
+            "probe": (c.probe_cap_bytes, c.probe_cap_bytes, False),
+            "nccl": (c.nccl_cap_bytes, c.nccl_cap_bytes, True)}
+    budget = [c.job_cap_bytes]  # one cap for the whole job on this node, besides each kind's
+    # Read, not consumed: clean-up removes the map files once collection is over.
+    own = sharedroot.ownership(read_rank_map(cfg.paths.evidence_root, job.job_id, job.node, remove=False),
+                               socket.gethostname())
+    return {kind: copy_kind(job_dir, kind, os.path.join(node_dir, kind), total, per_file, c.max_files, deadline,
+                            tail=tail, budget=budget, own=own).to_dict()
+            for kind, (total, per_file, tail) in caps.items()}
+
+
 def collect_node(cfg: Config, job: NodeJob, window: kernel.KernelWindow | None = None,
                  window_ms: float = 0.0) -> dict[str, Any]:
     """Write this node's part of the bundle; return what collect.json says.
@@ -363,56 +419,9 @@ def collect_node(cfg: Config, job: NodeJob, window: kernel.KernelWindow | None =
         if win.attributed:
             # Lines an earlier job owns: context for the analysis, never a root (ledger.py).
             write_private(os.path.join(node_dir, "kernel.attributed.log"), win.attributed)
-        units = journal.parse_units(c.journal_units)
-        if units and win.span:
-            # Root system units' journal records (Fabric Manager), trusted by journald's fields.
-            tj = time.monotonic()
-            jw = journal.read_units(units, win.span["start_epoch"] - c.window_slack_s,
-                                    win.span["end_epoch"] + c.window_slack_s, c.kernel_cap_bytes,
-                                    timeout=max(1.0, min(5.0, deadline - time.monotonic())))
-            if jw.text:
-                write_private(os.path.join(node_dir, "journal.log"), jw.text)
-            sources["journal"] = SourceResult(status=jw.status, bytes=len(jw.text), detail=jw.detail,
-                                              ms=(time.monotonic() - tj) * 1000).to_dict()
-
-        version = software.driver_version_text(c.driver_version_file.replace("%n", job.node))
-        if version:
-            write_private(os.path.join(node_dir, "software.log"), version)
-            sources["software"] = SourceResult(bytes=len(version), detail=c.driver_version_file).to_dict()
-
+        sources.update(_root_sources(cfg, job, win, node_dir, deadline))
         # 2. What the job wrote. Skipped entirely when the user opted out.
-        job_dir = os.path.join(cfg.paths.evidence_root, job.job_id)
-        if job.opted_out:
-            for kind in ("fr", "probe", "nccl"):
-                sources[kind] = SourceResult(status="missing", detail="job opted out (--attr=off)").to_dict()
-        else:
-            try:
-                fd = safefs.open_dir(job_dir)
-                try:
-                    owner = os.fstat(fd).st_uid
-                finally:
-                    os.close(fd)
-                # A dir the plugin refused (planted by another uid) is that uid's: never read it.
-                dir_ok = job.uid is None or owner == job.uid
-                if not dir_ok:
-                    for kind in ("fr", "probe", "nccl"):
-                        sources[kind] = SourceResult(status="error", detail=(
-                            f"job dir owned by uid {owner}, not the job's uid {job.uid}: not read")).to_dict()
-            except UnsafePath as err:
-                dir_ok = False
-                for kind in ("fr", "probe", "nccl"):
-                    sources[kind] = SourceResult(status="missing", detail=f"job dir: {err}").to_dict()
-            if dir_ok:
-                caps = {"fr": (c.fr_cap_bytes, c.fr_file_cap_bytes, False),
-                        "probe": (c.probe_cap_bytes, c.probe_cap_bytes, False),
-                        "nccl": (c.nccl_cap_bytes, c.nccl_cap_bytes, True)}
-                budget = [c.job_cap_bytes]  # one cap for the whole job on this node, besides each kind's
-                # Read, not consumed: clean-up removes the map files once collection is over.
-                own = sharedroot.ownership(read_rank_map(cfg.paths.evidence_root, job.job_id, job.node,
-                                                         remove=False), socket.gethostname())
-                for kind, (total, per_file, tail) in caps.items():
-                    sources[kind] = copy_kind(job_dir, kind, os.path.join(node_dir, kind), total, per_file,
-                                              c.max_files, deadline, tail=tail, budget=budget, own=own).to_dict()
+        sources.update(_job_sources(cfg, job, node_dir, deadline))
     except OSError as err:
         if not _spool_full(err):
             raise

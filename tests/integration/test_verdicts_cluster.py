@@ -202,7 +202,7 @@ def n4_on_another_driver(cluster):
         files.append(f)
     _sattr(cluster, "breaker", "reset", "--reason", "test_verdicts skew start")
     try:
-        with cluster.settings(collect={"driver_version_file": str(cluster.base / "node" / "nvidia-version")}):
+        with cluster.settings(collect={"driver_version_file": str(cluster.base / "nodes" / "%n" / "nvidia-version")}):
             yield
     finally:
         for f in files:

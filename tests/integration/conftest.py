@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from kernel_inject import KernelLines
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "cluster" / "testcluster.sh"
 BASE = Path(os.environ.get("SATTR_CLUSTER_BASE", "/var/lib/sattr-testcluster"))
@@ -241,12 +243,19 @@ class Cluster:
             time.sleep(0.2)
         raise AssertionError(f"nodes not idle: {states}")
 
-    def kernel_log(self, node: str, line: str) -> None:
-        """Append a kernel line for a node, as journalctl -k prints it (the test kernel source)."""
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    def kernel_log(self, node: str, line: str, at: float | None = None) -> str:
+        """Append a kernel line for a node, as journalctl -k prints it (the test kernel source),
+        stamped now or at ``at``; returns the line written."""
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(time.time() if at is None else at))
         stamp = stamp[:-2] + ":" + stamp[-2:]
+        text = f"{stamp} {os.uname().nodename} kernel: {line}\n"
         with open(self.base / "kernel" / f"{node}.log", "a") as f:
-            f.write(f"{stamp} {os.uname().nodename} kernel: {line}\n")
+            f.write(text)
+        return text
+
+    def ours(self, node: str) -> bool:
+        """Whether slurm-attr drained the node (its reason starts with SATTR:)."""
+        return self.node_state(node)[1].startswith("SATTR:")
 
     def sattr(self, *args: str, user: str | None = None, check: bool = False) -> subprocess.CompletedProcess:
         # The site install (a venv every user can run), as users would call it.
@@ -266,3 +275,21 @@ def cluster() -> Cluster:
             k, v = part.split("=", 1)
             env[k] = v
     return Cluster(base=BASE, env=env)
+
+
+@pytest.fixture
+def kernel_lines(cluster):
+    """Write kernel lines for nodes (KernelLines.add); afterwards they are removed, the SATTR:
+    drains of the test nodes undone and the drain breaker reset. No node may start drained by us."""
+    nodes = ("n1", "n2", "n3", "n4")
+    assert not any(cluster.ours(n) for n in nodes), "a node is still drained by sattr"
+    cluster.sattr("breaker", "reset", "--reason", "test start")
+    got = KernelLines(cluster)
+    try:
+        yield got
+    finally:
+        got.remove()
+        for n in nodes:
+            if cluster.ours(n):
+                cluster.sattr("undrain", n, "--reason", "test cleanup")
+        cluster.sattr("breaker", "reset", "--reason", "test end")

@@ -14,6 +14,8 @@ import time
 
 import pytest
 
+from kernel_inject import KernelLines
+
 pytestmark = pytest.mark.cluster
 
 NODES = ["n1", "n2", "n3", "n4"]
@@ -21,31 +23,6 @@ FATAL = "NVRM: Xid (PCI:0000:3b:00): 79, pid={pid}, name=python, GPU has fallen 
 
 
 # -- helpers -------------------------------------------------------------------------------
-
-
-class KernelLines:
-    """Fatal lines injected into nodes' kernel sources, each with a unique pid so it can be removed."""
-
-    def __init__(self, cluster):
-        self.cluster = cluster
-        self.added: dict[str, list[str]] = {}
-
-    def fatal(self, node: str) -> str:
-        pid = str(900000 + time.time_ns() % 99999)
-        line = FATAL.format(pid=pid)
-        self.cluster.kernel_log(node, line)
-        self.added.setdefault(node, []).append(f"pid={pid},")
-        return line
-
-    def remove(self, node: str | None = None) -> None:
-        for n in [node] if node else list(self.added):
-            marks = self.added.pop(n, [])
-            if not marks:
-                continue
-            path = self.cluster.base / "kernel" / f"{n}.log"
-            text = path.read_text()
-            kept = [ln for ln in text.splitlines(keepends=True) if not any(m in ln for m in marks)]
-            path.write_text("".join(kept))
 
 
 class StatePoller(threading.Thread):
@@ -120,7 +97,7 @@ def _fatal_job(cluster, lines: KernelLines, node: str) -> str:
     gate = cluster.gate()
     job = _held_job(cluster, node, gate)
     cluster.wait_running(job)
-    lines.fatal(node)
+    lines.add(node, FATAL)
     gate.open()
     return job
 
@@ -185,7 +162,7 @@ def _fast_path_scenario(cluster, clean):
     cluster.wait_running(job)
     poller = StatePoller(cluster, "n2")
     poller.start()
-    clean.fatal("n2")
+    clean.add("n2", FATAL)
     gate.open()
     try:
         deadline = time.monotonic() + 90
@@ -244,7 +221,7 @@ def test_admin_drained_node_stays_exactly_as_it_was(cluster, clean):
     admin_reason = "admin: bad fan, ticket 4711"
     cluster.run(["scontrol", "update", "NodeName=n3", "State=DRAIN", f"Reason={admin_reason}"])
     try:
-        clean.fatal("n3")
+        clean.add("n3", FATAL)
         gate.open()
         v = cluster.verdict(job)
         _wait_collected(cluster, job, "n3")
@@ -298,7 +275,7 @@ def test_cap_two_five_hardware_verdicts_two_drains_three_blocked(cluster, clean)
         jobs = [_held_job(cluster, n, gate) for n in NODES]
         for job, n in zip(jobs, NODES):
             cluster.wait_running(job)
-            clean.fatal(n)
+            clean.add(n, FATAL)
         gate.open()
         for job, n in zip(jobs, NODES):
             cluster.verdict(job)
@@ -333,7 +310,7 @@ def test_dry_run_drains_nothing_and_records_everything(cluster, clean):
         cluster.wait_running(job)
         poller = StatePoller(cluster, "n2", interval=0.2)
         poller.start()
-        clean.fatal("n2")
+        clean.add("n2", FATAL)
         gate.open()
         try:
             v = cluster.verdict(job)

@@ -20,55 +20,8 @@ FM = "nv-fabricmanager[2201]: detected NVSwitch fatal error 20034 on fid 0 on NV
 HARDWARE = ("gpu_hardware", "nvlink", "host_hardware")
 
 
-def _stamp(t: float) -> str:
-    s = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t))
-    return s[:-2] + ":" + s[-2:]
-
-
-class Lines:
-    """Kernel lines written into nodes' kernel sources, removed afterwards by their unique pid."""
-
-    def __init__(self, cluster):
-        self.cluster = cluster
-        self.marks: dict[str, list[str]] = {}
-
-    def xid(self, node: str, at: float | None = None) -> str:
-        pid = str(800000 + time.time_ns() % 99999)
-        line = f"{_stamp(time.time() if at is None else at)} {os.uname().nodename} kernel: {XID79.format(pid=pid)}\n"
-        with open(self.cluster.base / "kernel" / f"{node}.log", "a") as f:
-            f.write(line)
-        self.marks.setdefault(node, []).append(f"pid={pid},")
-        return line
-
-    def remove(self) -> None:
-        for node, marks in self.marks.items():
-            path = self.cluster.base / "kernel" / f"{node}.log"
-            path.write_text("".join(ln for ln in path.read_text().splitlines(keepends=True)
-                                    if not any(m in ln for m in marks)))
-        self.marks.clear()
-
-
 def _sattr(cluster, *args):
     return cluster.run([cluster.env["SATTR_BIN"], *args], check=False)
-
-
-def _our_drain(cluster, node: str) -> bool:
-    return cluster.node_state(node)[1].startswith("SATTR:")
-
-
-@pytest.fixture
-def lines(cluster):
-    assert not any(_our_drain(cluster, n) for n in NODES), "a node is still drained by sattr"
-    _sattr(cluster, "breaker", "reset", "--reason", "test_trust start")
-    got = Lines(cluster)
-    try:
-        yield got
-    finally:
-        got.remove()
-        for n in NODES:
-            if _our_drain(cluster, n):
-                _sattr(cluster, "undrain", n, "--reason", "test_trust cleanup")
-        _sattr(cluster, "breaker", "reset", "--reason", "test_trust end")
 
 
 def _wait_collected(cluster, job: str, node: str, timeout: float = 120) -> str:
@@ -86,36 +39,36 @@ def _hw_roots(verdict: dict) -> list[dict]:
     return [s for s in verdict["symptoms"] if s.get("trusted") and s.get("cause") in HARDWARE]
 
 
-def test_opted_out_job_with_an_hour_old_handled_xid_is_not_drained(cluster, lines):
-    lines.xid("n2", at=time.time() - 3600)  # an earlier job's Xid, already handled by an admin
+def test_opted_out_job_with_an_hour_old_handled_xid_is_not_drained(cluster, kernel_lines):
+    kernel_lines.add("n2", XID79, at=time.time() - 3600)  # an earlier job's Xid, already handled by an admin
     job = cluster.sbatch("#!/bin/bash\n#SBATCH -N1 -w n2 --exclusive\nsleep 1\nexit 0\n", "--attr=off",
                          user="sattrtest")
     assert cluster.wait_state(job) == "COMPLETED"
     v = cluster.verdict(job)
     assert v["domain"] != "hardware" and not _hw_roots(v), v
-    assert not _our_drain(cluster, "n2")
+    assert not cluster.ours("n2")
     collect = _wait_collected(cluster, job, "n2")
     assert '"trusted_start": true' in collect and '"opted_out": true' in collect
 
 
-def test_opted_out_job_with_a_fresh_xid_during_the_job_is_drained(cluster, lines):
+def test_opted_out_job_with_a_fresh_xid_during_the_job_is_drained(cluster, kernel_lines):
     # Near miss of the above: the same line, written while the job runs.
     job = cluster.run(["sbatch", "--parsable", "-N1", "-w", "n2", "--exclusive", "--wrap", "sleep 3; exit 0"],
                       user="sattrtest", env={"SLURM_ATTR": "off"}, cwd=cluster.workdir("sattrtest")).stdout.strip()
     cluster.wait_running(job)
     time.sleep(0.5)
-    lines.xid("n2")
+    kernel_lines.add("n2", XID79)
     cluster.wait_state(job)
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not _our_drain(cluster, "n2"):
+    while time.monotonic() < deadline and not cluster.ours("n2"):
         time.sleep(0.3)
-    assert _our_drain(cluster, "n2"), cluster.node_state("n2")
+    assert cluster.ours("n2"), cluster.node_state("n2")
     v = cluster.verdict(job)
     xids = [s for s in v["symptoms"] if s["id"].startswith("gpu.xid") and s.get("trusted")]
     assert xids and xids[0]["evidence"][0]["source"] == "kernel", v
 
 
-def test_fabric_manager_and_xid_text_in_output_path_and_argv_is_no_trusted_symptom(cluster, lines):
+def test_fabric_manager_and_xid_text_in_output_path_and_argv_is_no_trusted_symptom(cluster, kernel_lines):
     cluster.workdir("sattrtest")
     # The output path names a directory that does not exist: slurmstepd logs the path.
     bad_out = f"/nonexistent/{FM} x.out"
@@ -135,7 +88,7 @@ def test_fabric_manager_and_xid_text_in_output_path_and_argv_is_no_trusted_sympt
     untrusted = "".join((cluster.bundle(j) / "scheduler" / "untrusted.txt").read_text()
                         for j in (job1, job2) if (cluster.bundle(j) / "scheduler" / "untrusted.txt").exists())
     assert "nv-fabricmanager" in untrusted
-    assert not _our_drain(cluster, "n3")
+    assert not cluster.ours("n3")
 
 
 def test_second_user_cannot_read_anothers_job_json(cluster):
@@ -149,7 +102,7 @@ def test_second_user_cannot_read_anothers_job_json(cluster):
     assert '"uid"' in subprocess.run(["cat", str(path)], capture_output=True, text=True).stdout  # root can
 
 
-def test_an_xid_two_jobs_read_is_one_drain_and_the_second_jobs_context(cluster, lines):
+def test_an_xid_two_jobs_read_is_one_drain_and_the_second_jobs_context(cluster, kernel_lines):
     """Two jobs share n2 while one Xid is written: the first to end owns the line (drain);
     the second reads it as already attributed, never as its root, and never drains again."""
     work = cluster.workdir("sattrtest")
@@ -159,11 +112,11 @@ def test_an_xid_two_jobs_read_is_one_drain_and_the_second_jobs_context(cluster, 
                     user="sattrtest", cwd=work).stdout.strip()
     cluster.wait_running(a)
     cluster.wait_running(b)
-    line = lines.xid("n2")
+    line = kernel_lines.add("n2", XID79)
     cluster.wait_state(a)
     cluster.wait_state(b)
     va, vb = cluster.verdict(a), cluster.verdict(b)
-    assert _our_drain(cluster, "n2")
+    assert cluster.ours("n2")
     assert va["cause"] == "gpu_hardware", va
     # The second job: the line is in its bundle only as context, attributed to the first.
     part = cluster.bundle(b) / "nodes" / "n2"

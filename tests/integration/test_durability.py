@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from test_drain import NODES, KernelLines, _held_job, _ours, _wait_no_sattr_drains, sattr
+from test_drain import FATAL, NODES, KernelLines, _held_job, _ours, _wait_no_sattr_drains, sattr
 
 pytestmark = pytest.mark.cluster
 
@@ -202,7 +202,7 @@ def _run_jobs_with_fatal(cluster, lines, plain=3, fail_one=True):
     poller = Poller(cluster, FATAL_NODE)
     poller.start()
     running_at = time.time()
-    lines.fatal(FATAL_NODE)
+    lines.add(FATAL_NODE, FATAL)
     gate.open()
     return jobs, nodes_of, fatal, poller, running_at
 

@@ -1,7 +1,8 @@
 #!/bin/bash
 # slurm-attr EpilogSlurmctld (slurm.conf: EpilogSlurmctld=/usr/libexec/slurm-attr/epilog_slurmctld.sh).
 # Runs once per job on the controller, with no PATH and no SLURM_CONF (slurmctld gives
-# neither). Writes job.json and the output tails, starts the analysis detached, exits 0.
+# neither). Records the ended job in the intake from its own environment (no RPC to slurmctld),
+# starts an analysis worker if a slot is free (pipeline/record.py), exits 0.
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export SLURM_CONF=${SLURM_CONF:-/etc/slurm/slurm.conf}
 # `make install` puts slurm-attr in a venv of its own (Debian's python3 refuses system-wide pip).

@@ -84,6 +84,12 @@ class Collect:
 
 @dataclass
 class Analysis:
+    # The controller side: EpilogSlurmctld records the ended job and a worker analyses it.
+    # false turns it off (nothing recorded, nothing analysed; node epilogs still collect and drain).
+    enabled: bool = True
+    # Analysis workers on the controller at once, at low CPU and I/O priority, started by the
+    # hook that finds a free slot (no daemon). 0: a quarter of the controller's cores (at least 1).
+    workers: int = 2
     # How long the controller-side analysis waits for node parts of the bundle.
     node_wait_s: float = 30.0
     # Hard limit of one analysis run (the detached analyser is killed after this).
@@ -304,6 +310,8 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("[spool] keep_days and max_bytes must be >= 0")
     if cfg.collect.job_cap_bytes <= 0:
         raise ConfigError("[collect] job_cap_bytes: must be positive")
+    if not 0 <= cfg.analysis.workers <= 64:
+        raise ConfigError(f"[analysis] workers: must be within 0..64 (0: a quarter of the cores), got {cfg.analysis.workers!r}")
     if cfg.live.hang_after_s <= 0 or not 0.05 <= cfg.live.interval_s <= 60:
         raise ConfigError("[live] hang_after_s must be > 0 and interval_s within 0.05..60")
     if cfg.live.on_hang not in _ON_HANG or cfg.live.dump_before_end_s < 0:

@@ -1,9 +1,10 @@
 """Entry points for Slurm's hooks: ``python -m slurm_attr.hooks node|controller|analyze``.
 
 ``node``        node Epilog (root, every node): collect this node's part of the bundle.
-``controller``  EpilogSlurmctld (once per job): job.json, output tails, then start
-                the analysis detached so neither nodes nor the job wait on it.
-``analyze KEY`` the detached analysis of one bundle.
+``controller``  EpilogSlurmctld (once per job): record the job in the intake and start an
+                analysis worker if a slot is free (pipeline/record.py); nothing else.
+``work``        an analysis worker: drains the intake (pipeline/pool.py).
+``analyze KEY`` one bundle's analysis outside the pool (its pending record could not be written).
 
 Every path logs and returns 0: a node Epilog that fails drains its node, and
 that must only ever happen on purpose (the fast path drains with its own reason).
@@ -12,14 +13,13 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
 import sys
 import time
 from typing import Any
 
 from . import config as config_mod
 from . import spool
-from .bundle import valid_node_name
+from .pipeline.record import opted_out
 
 log = logging.getLogger("slurm_attr")
 
@@ -48,16 +48,12 @@ def _int(value: str | None, default: int = 0) -> int:
         return default
 
 
-def _opted_out(env: dict[str, str]) -> bool:
-    # The SPANK plugin passes the user's choice to every hook through job control env.
-    return env.get("SPANK_SATTR_ENABLED", "1").strip() == "0"
-
-
 def node_main(env: dict[str, str]) -> int:
     """Kernel window into memory -> fast path (Slurm only) -> the bundle part (spool) -> clean-up.
 
     The order is the point: a full or read-only spool, or a locked database, must not stop a
     fatal node from being drained, and the job's evidence dir and rank maps go whatever failed."""
+    from .bundle import valid_node_name
     from .collect import kernel
     from .collect.node import NodeJob, cleanup, collect_node, read_kernel
 
@@ -73,7 +69,7 @@ def node_main(env: dict[str, str]) -> int:
 
     # uid: a job dir owned by anyone else is neither read nor removed; show_job: the trusted start
     # (22.05's epilog env has no SLURM_JOB_START_TIME), issue 10.
-    job = NodeJob(job_id=job_id, node=node, bundle_key=key, opted_out=_opted_out(env),
+    job = NodeJob(job_id=job_id, node=node, bundle_key=key, opted_out=opted_out(env),
                   start=float(start) if start else None,
                   uid=_int(env.get("SLURM_JOB_UID"), -1) if env.get("SLURM_JOB_UID", "").isdigit() else None,
                   show_job=scontrol_reader(cfg.paths.slurm_bin, env.get("SLURM_CONF") or cfg.paths.slurm_conf))
@@ -124,90 +120,6 @@ def _record_fast(cfg: Any, key: str, node: str, acts: list[Any]) -> None:
         log.warning("node %s: fast path decision not written to the spool (%s); Slurm's reason has it", node, err)
 
 
-def controller_main(env: dict[str, str]) -> int:
-    """job.json facts -> the durable intake (pending) -> the bundle's controller part -> analysis.
-
-    The pending record comes first and lives on the controller's local disk: whatever fails
-    after it (spool full, database locked, the analyser killed), the job is not forgotten."""
-    from . import intake
-    from .collect import controller
-    from .errors import SlurmError
-    from .slurm import from_config
-
-    job_id = env.get("SLURM_JOB_ID", "")
-    if not spool.valid_job_id(job_id):
-        log.error("controller epilog: bad SLURM_JOB_ID %r", job_id)
-        return 0
-    cfg = config_mod.load()
-    slurm = from_config(cfg, timeout=10)
-    try:
-        # slurmctld only: accounting has no final state yet while the job is COMPLETING, and a
-        # stopped slurmdbd would hold every EpilogSlurmctld (and so the job) for sacct's timeout.
-        # The analysis settles the state from accounting (or slurmctld) afterwards.
-        rec = slurm.show_job(job_id)
-        job = controller.job_facts(rec) if rec else None
-    except SlurmError as err:
-        log.error("controller epilog: slurmctld did not answer for job %s (%s); using the hook's environment",
-                  job_id, err)
-        job = None
-    if job is None:
-        job = {"job_id": job_id, "slurm_job_id": job_id, "nodes": _nodes_from_env(env)}
-    # scontrol's NodeList shrinks as nodes finish COMPLETING (our node epilogs are fast):
-    # the hook's own SLURM_JOB_NODELIST is the whole allocation.
-    env_nodes = _nodes_from_env(env)
-    if env_nodes:
-        job["nodes"] = env_nodes
-    job.setdefault("user", env.get("SLURM_JOB_USER"))
-    if env.get("SLURM_JOB_UID", "").isdigit():
-        job.setdefault("uid", int(env["SLURM_JOB_UID"]))
-    job["opted_out"] = _opted_out(env)
-    key = spool.bundle_key(job_id, _int(env.get("SLURM_JOB_RESTART_COUNT")))
-    try:
-        intake.record(cfg, key, job)
-    except OSError as err:
-        log.error("job %s: could not record it as pending in %s (%s); analysing without a safety net",
-                  job_id, cfg.intake.queue_dir, err)
-    bdir = spool.bundle_dir(cfg.paths.spool, key)
-    logs = _glob_list(cfg.collect.scheduler_logs)
-    try:
-        controller.write_controller_part(bdir, job, cfg.collect.output_tail_bytes, logs)
-    except OSError as err:
-        # Spool full or read-only: the facts are in the pending record; the analysis uses them.
-        log.error("job %s: controller part not written to the spool (%s)", job_id, err)
-        try:
-            intake.note(cfg, key, f"spool: {err.strerror or err}: analysed from the job's facts")
-        except OSError:
-            pass
-    _spawn_analysis(key, env)
-    return 0
-
-
-def _nodes_from_env(env: dict[str, str]) -> list[str]:
-    from .slurm.hostlist import expand
-
-    return expand(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "")
-
-
-def _glob_list(spec: str) -> list[str]:
-    import glob
-
-    out: list[str] = []
-    for item in (s.strip() for s in spec.split(",")):
-        if item:
-            out.extend(sorted(glob.glob(item)))
-    return out
-
-
-def _spawn_analysis(key: str, env: dict[str, str]) -> None:
-    """Start the analysis in its own session: slurmctld does not wait for it."""
-    child_env = {k: v for k, v in env.items() if k.startswith(("SLURM_ATTR_", "SLURM_CONF", "PATH", "LANG", "TZ"))}
-    child_env["SLURM_JOB_ID"] = env.get("SLURM_JOB_ID", "")
-    with open(os.devnull, "rb") as devnull_in, open(os.devnull, "wb") as devnull_out:
-        subprocess.Popen([sys.executable, "-m", "slurm_attr.hooks", "analyze", key], stdin=devnull_in,
-                         stdout=devnull_out, stderr=devnull_out, start_new_session=True, env=child_env,
-                         close_fds=True)
-
-
 def analyze_main(key: str) -> int:
     """This job to a stored verdict (retry.py), then any pending job whose backoff has
     passed (the "next hook run" retry), then the spool's retention, at most every few minutes."""
@@ -235,10 +147,16 @@ def main(argv: list[str] | None = None) -> int:
         if what == "node":
             return node_main(env)
         if what == "controller":
-            return controller_main(env)
+            from .pipeline.record import record_main
+
+            return record_main(env)
+        if what == "work":
+            from .pipeline.pool import work_main
+
+            return work_main(env)
         if what == "analyze" and len(argv) == 2 and spool.valid_job_id(argv[1].split(".r")[0]):
             return analyze_main(argv[1])
-        log.error("usage: python -m slurm_attr.hooks node|controller|analyze KEY")
+        log.error("usage: python -m slurm_attr.hooks node|controller|work|analyze KEY")
     except BaseException as err:  # noqa: BLE001 - the hook must never fail the node or the job
         log.exception("%s hook failed after %.1fs: %s", what or "?", time.monotonic() - t0, err)
     return 0

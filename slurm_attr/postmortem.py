@@ -103,14 +103,16 @@ def _analysis_dir(cfg: Config, bundle_dir: str) -> tuple[str, bool]:
 
 def finish_job(cfg: Config, slurm: SlurmAccess, store: Store, bundle_dir: str,
                job_facts: dict[str, Any] | None = None, notes: list[Coverage] | None = None,
-               progress: dict[str, Any] | None = None, allow_unknown: bool = True) -> Verdict:
+               progress: dict[str, Any] | None = None, allow_unknown: bool = True,
+               sweep_comments: bool = True) -> Verdict:
     """The whole after-the-job flow for one bundle; returns the stored verdict.
 
     ``job_facts``: the intake's copy of the job's facts, used where the bundle has no job.json.
     Raises AccountingPending (nothing stored) when the verdict would be `unknown` for want of the
     job's final state, unless ``allow_unknown`` (the last attempt: partial over nothing).
     ``progress["stored"]`` turns true once the verdict is in the store (the caller then never
-    replaces it with a partial one if a later step, e.g. the comment, fails)."""
+    replaces it with a partial one if a later step, e.g. the comment, fails). ``sweep_comments``:
+    also retry queued comments and re-check recent ones (a worker does that once per batch)."""
     from . import drain, reconcile
 
     t0 = time.monotonic()
@@ -168,21 +170,27 @@ def finish_job(cfg: Config, slurm: SlurmAccess, store: Store, bundle_dir: str,
         raw = str(job.get("slurm_job_id") or verdict.job_id)
         store.queue_comment(verdict.job_id, raw, cfg.comment.field, text)
         _write_comment_with_retries(cfg, slurm, store, verdict.job_id)
-        # Anything an earlier outage left queued goes out now too, and comments a slurmctld
-        # restart reset to the user's text get ours back (the timer's `comments --verify`
-        # covers the rest; this bounded pass is one sacct call).
-        comment.retry_pending(slurm, store, cfg.comment.max_attempts, cfg.comment.max_len)
-        mine = store.comment(verdict.job_id)
-        try:
-            if mine is None or mine["status"] != "written":
-                raise SlurmError("accounting did not take this job's comment")  # down: no 3rd timeout
-            comment.verify_recent(slurm, store, VERIFY_WINDOW_S, cfg.comment.max_attempts, cfg.comment.max_len,
-                                  limit=VERIFY_LIMIT)
-        except SlurmError as err:
-            log.info("job %s: comment verification skipped (%s)", verdict.job_id, err)
+        if sweep_comments:
+            sweep_comment_queue(cfg, slurm, store, verdict.job_id)
     log.info("job %s: %s (%s) in %.0f ms", verdict.job_id, verdict.cause, verdict.summary,
              (time.monotonic() - t0) * 1000)
     return verdict
+
+
+def sweep_comment_queue(cfg: Config, slurm: SlurmAccess, store: Store, job_id: str = "") -> None:
+    """Anything an earlier outage left queued goes out now too, and comments a slurmctld restart
+    reset to the user's text get ours back (the timer's `comments --verify` covers the rest; this
+    bounded pass is one sacct call). Skipped when ``job_id``'s own comment did not go through:
+    accounting is down, and a third timeout would only delay the next job."""
+    comment.retry_pending(slurm, store, cfg.comment.max_attempts, cfg.comment.max_len)
+    try:
+        mine = store.comment(job_id) if job_id else {"status": "written"}
+        if mine is None or mine["status"] != "written":
+            raise SlurmError("accounting did not take this job's comment")
+        comment.verify_recent(slurm, store, VERIFY_WINDOW_S, cfg.comment.max_attempts, cfg.comment.max_len,
+                              limit=VERIFY_LIMIT)
+    except SlurmError as err:
+        log.info("job %s: comment verification skipped (%s)", job_id or "-", err)
 
 
 def partial_verdict(cfg: Config, job: dict[str, Any], bundle_dir: str, failure: str,

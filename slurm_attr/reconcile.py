@@ -49,7 +49,9 @@ def fast_decisions(bundle_dir: str, job: dict[str, Any], slurm: Any, store: Any)
         if node in seen:
             continue
         try:
-            rec = slurm.show_node(node)
+            # A worker's batch answers from one node listing (slurm/batched.py), not one RPC per node.
+            listed = getattr(slurm, "node_record", None)
+            rec = listed(node) if listed else slurm.show_node(node)
         except SlurmError:
             continue
         st = NodeState.from_record(rec or {})

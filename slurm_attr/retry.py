@@ -77,8 +77,13 @@ def _default_store(cfg: Config) -> Any:
 
 
 def process(cfg: Config, key: str, slurm: Any = None, open_store: Callable[[Config], Any] | None = None,
-            retry_for_s: float | None = None, sleep: Callable[[float], None] = time.sleep) -> str:
-    """One pending job through to a stored verdict; returns stored|pending|partial|busy|gone."""
+            retry_for_s: float | None = None, sleep: Callable[[float], None] = time.sleep,
+            logs: Any = None, pending_only: bool = False, sweep_comments: bool = True) -> str:
+    """One pending job through to a stored verdict; returns stored|pending|partial|busy|gone.
+
+    ``logs``: the daemon logs a worker read once for its batch (collect.controller.SchedulerLogs);
+    ``pending_only``: a job no longer pending is done (another worker stored it), not re-recorded;
+    ``sweep_comments``: the comment re-checks after the verdict (a worker does them once a batch)."""
     from .postmortem import AccountingPending, finish_job, read_job_json
 
     open_store = open_store or _default_store
@@ -89,6 +94,8 @@ def process(cfg: Config, key: str, slurm: Any = None, open_store: Callable[[Conf
         if not mine:
             return "busy"
         entry = intake.load(cfg, key)
+        if entry is None and pending_only:
+            return "gone"
         if entry is None:
             # Started without an intake record (it could not be written, or an older hook):
             # record it now so a failure below is not lost.
@@ -101,6 +108,8 @@ def process(cfg: Config, key: str, slurm: Any = None, open_store: Callable[[Conf
                 log.error("job %s: cannot record it as pending (%s)", key, err)
                 entry = {"job": facts}
         facts = entry.get("job") or {}
+        if facts.get("facts_source") == "env" and not os.path.exists(os.path.join(bdir, "job.json")):
+            _controller_part(cfg, key, bdir, facts, logs)
         give_up_at = time.monotonic() + retry_for_s
         while True:
             store = None
@@ -111,7 +120,7 @@ def process(cfg: Config, key: str, slurm: Any = None, open_store: Callable[[Conf
                         store = open_store(cfg)
                         last = int((intake.load(cfg, key) or {}).get("attempts") or 0) + 1 >= cfg.intake.max_attempts
                         finish_job(cfg, slurm, store, bdir, job_facts=facts, notes=_earlier_failures(cfg, key),
-                                   progress=progress, allow_unknown=last)
+                                   progress=progress, allow_unknown=last, sweep_comments=sweep_comments)
                 except BaseException as err:
                     if not progress.get("stored") or isinstance(err, (KeyboardInterrupt, SystemExit)):
                         raise
@@ -139,6 +148,24 @@ def process(cfg: Config, key: str, slurm: Any = None, open_store: Callable[[Conf
                 log.exception("job %s: analysis failed", key)
                 return _partial(cfg, key, facts, bdir, store, open_store,
                                 f"analysis crashed: {type(err).__name__}: {err}", slurm)
+
+
+def _controller_part(cfg: Config, key: str, bdir: str, facts: dict[str, Any], logs: Any) -> None:
+    """The bundle's controller part (job.json, output tails, daemon lines), written by the analysis
+    from the facts the hook recorded: the hook itself only records (issue 23)."""
+    from .collect import controller
+
+    try:
+        if logs is None:
+            logs = controller.SchedulerLogs(controller.log_paths(cfg.collect.scheduler_logs), 16 << 20)
+        controller.write_controller_part(bdir, facts, cfg.collect.output_tail_bytes, logs=logs)
+    except OSError as err:
+        # Spool full or read-only: the facts are in the pending record; the analysis uses them.
+        log.error("job %s: controller part not written to the spool (%s)", key, err)
+        try:
+            intake.note(cfg, key, f"spool: {err.strerror or err}: analysed from the job's facts")
+        except OSError:
+            pass
 
 
 def _earlier_failures(cfg: Config, key: str) -> list[Any]:

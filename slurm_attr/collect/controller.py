@@ -20,16 +20,11 @@ from . import provenance
 from ..errors import SlurmError, UnsafePath
 from ..slurm.base import SlurmAccess
 from ..slurm.hostlist import expand
+from .jobstate import FINAL_STATES, derive_state, exit_pair
 
 # Daemon lines about the job that embed job-chosen text (provenance.py): kept, but apart.
 UNTRUSTED_SCHEDULER = "untrusted.txt"
 
-FINAL_STATES = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
-                "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT"}
-# Slurm's Reason words that give the state away while the job is still COMPLETING.
-_REASON_STATE = {"TimeLimit": "TIMEOUT", "NodeDown": "NODE_FAIL", "OutOfMemory": "OUT_OF_MEMORY",
-                 "Prolog": "FAILED", "JobLaunchFailure": "FAILED", "launch_failed_requeued_held": "FAILED",
-                 "BadConstraints": "FAILED"}
 
 
 def _epoch_iso(value: str | None) -> str | None:
@@ -43,11 +38,6 @@ def _epoch_iso(value: str | None) -> str | None:
     return dt.astimezone().isoformat(timespec="seconds")
 
 
-def _exit_pair(value: str | None) -> tuple[int | None, int | None]:
-    m = re.match(r"^(\d+):(\d+)$", value or "")
-    return (int(m.group(1)), int(m.group(2))) if m else (None, None)
-
-
 def _user(value: str | None) -> tuple[str | None, int | None]:
     m = re.match(r"^([^()]*)\((\d+)\)$", value or "")
     if m:
@@ -55,28 +45,9 @@ def _user(value: str | None) -> tuple[str | None, int | None]:
     return (value or None), None
 
 
-def derive_state(job_state: str | None, reason: str | None, exit_code: int | None,
-                 signal: int | None, sacct_state: str | None) -> tuple[str | None, str]:
-    """(state word, where it came from). Accounting's final word wins; then scontrol's;
-    then what the exit status and Reason give away; None when nothing tells."""
-    word = (sacct_state or "").split(" ")[0]
-    if word in FINAL_STATES:
-        return word, "sacct"
-    if job_state in FINAL_STATES:
-        return job_state, "scontrol"
-    if reason in _REASON_STATE:
-        return _REASON_STATE[reason], "reason"
-    if signal == 9 and reason != "NonZeroExitCode":
-        return "CANCELLED", "derived"
-    if (exit_code or 0) != 0 or (signal or 0) != 0 or reason == "NonZeroExitCode":
-        return "FAILED", "derived"
-    # 0:0 with no Reason is either success or an scancel (22.05 shows both alike): undecided.
-    return None, "unknown"
-
-
 def job_facts(rec: dict[str, str], sacct: dict[str, str] | None = None) -> dict[str, Any]:
     """job.json from an `scontrol -o show job` record and, when present, the sacct row."""
-    exit_code, sig = _exit_pair(rec.get("ExitCode"))
+    exit_code, sig = exit_pair(rec.get("ExitCode"))
     user, uid = _user(rec.get("UserId"))
     job_id = rec.get("JobId", "")
     if rec.get("ArrayJobId") and rec.get("ArrayTaskId") and rec.get("ArrayTaskId") != "N/A":
@@ -117,13 +88,16 @@ def refresh_state(job: dict[str, Any], sacct: dict[str, str] | None) -> dict[str
     if word in FINAL_STATES:
         job["state"] = word
         job["state_source"] = "sacct"
-        ec, sig = _exit_pair(sacct.get("ExitCode"))
+        ec, sig = exit_pair(sacct.get("ExitCode"))
         if ec is not None:
             job["exit_code"], job["signal"] = ec, sig
         if sacct.get("State", "").startswith("CANCELLED by "):
             job["cancelled_by_uid"] = sacct["State"].split("by ", 1)[1]
         if not job.get("nodes") and sacct.get("NodeList"):
             job["nodes"] = expand(sacct["NodeList"])
+        for key, col in (("start_time", "Start"), ("end_time", "End")):
+            if not job.get(key) and _epoch_iso(sacct.get(col)):
+                job[key] = _epoch_iso(sacct.get(col))
     return job
 
 
@@ -181,35 +155,69 @@ def split_scheduler_lines(log_paths: list[str], slurm_job_id: str, cap: int) -> 
     slurmd/slurmstepd also log job-chosen text (output path, argv, names) under the
     job's [job.step] prefix, and such a line must never become a trusted symptom.
     """
-    trusted: list[str] = []
-    untrusted: list[str] = []
-    for name, line in _scheduler_raw(log_paths, slurm_job_id, cap):
-        ok, _why = provenance.classify_daemon_line(line)
-        (trusted if ok else untrusted).append(f"{name}: {line}")
-    return trusted, untrusted
+    return SchedulerLogs(log_paths, cap).split(slurm_job_id)
 
 
-def _scheduler_raw(log_paths: list[str], slurm_job_id: str, cap: int) -> list[tuple[str, str]]:
-    pat = re.compile(rf"(?:JobId={slurm_job_id}\b|StepId={slurm_job_id}\.|\bjob[ _]?{slurm_job_id}\b|"
-                     rf"\[{slurm_job_id}\.\w+\])", re.IGNORECASE)
-    out: list[tuple[str, str]] = []
-    for path in log_paths:
-        try:
-            res = safefs.read_file(os.path.dirname(path) or "/", os.path.basename(path), cap, tail=True)
-        except UnsafePath:
-            continue
-        name = os.path.basename(path)
-        for raw in res.data.split(b"\n"):
-            if slurm_job_id.encode() in raw:
-                line = safefs.decode(raw[:4096])
-                if pat.search(line):
-                    out.append((name, line))
+def log_paths(spec: str) -> list[str]:
+    """``[collect] scheduler_logs``: comma-separated paths or globs, each expanded in order."""
+    import glob
+
+    out: list[str] = []
+    for item in (s.strip() for s in spec.split(",")):
+        if item:
+            out.extend(sorted(glob.glob(item)))
     return out
 
 
+class SchedulerLogs:
+    """The daemon logs' tails (``cap`` bytes each), read once and then asked for many jobs: a
+    worker analysing a burst of jobs reads slurmctld.log once, not once per job."""
+
+    def __init__(self, log_paths: list[str], cap: int):
+        self.tails: list[tuple[str, bytes]] = []
+        for path in log_paths:
+            try:
+                res = safefs.read_file(os.path.dirname(path) or "/", os.path.basename(path), cap, tail=True)
+            except UnsafePath:
+                continue
+            self.tails.append((os.path.basename(path), res.data))
+
+    def raw(self, slurm_job_id: str) -> list[tuple[str, str]]:
+        pat = re.compile(rf"(?:JobId={slurm_job_id}\b|StepId={slurm_job_id}\.|\bjob[ _]?{slurm_job_id}\b|"
+                         rf"\[{slurm_job_id}\.\w+\])", re.IGNORECASE)
+        needle = slurm_job_id.encode()
+        out: list[tuple[str, str]] = []
+        for name, data in self.tails:
+            at = data.find(needle)
+            while at >= 0:  # only the lines that hold the id at all are split out and decoded
+                start = data.rfind(b"\n", 0, at) + 1
+                end = data.find(b"\n", at)
+                end = len(data) if end < 0 else end
+                line = safefs.decode(data[start:end][:4096])
+                if pat.search(line):
+                    out.append((name, line))
+                at = data.find(needle, end)
+        return out
+
+    def split(self, slurm_job_id: str) -> tuple[list[str], list[str]]:
+        """(trusted, untrusted): see split_scheduler_lines."""
+        trusted: list[str] = []
+        untrusted: list[str] = []
+        for name, line in self.raw(slurm_job_id):
+            ok, _why = provenance.classify_daemon_line(line)
+            (trusted if ok else untrusted).append(f"{name}: {line}")
+        return trusted, untrusted
+
+
+def _scheduler_raw(log_paths: list[str], slurm_job_id: str, cap: int) -> list[tuple[str, str]]:
+    return SchedulerLogs(log_paths, cap).raw(slurm_job_id)
+
+
 def write_controller_part(bundle_dir: str, job: dict[str, Any], output_cap: int,
-                          log_paths: list[str] | None = None, log_cap: int = 16 << 20) -> dict[str, Any]:
-    """job.json, output/stdout|stderr tails and scheduler/slurm.log in bundle_dir."""
+                          log_paths: list[str] | None = None, log_cap: int = 16 << 20,
+                          logs: SchedulerLogs | None = None) -> dict[str, Any]:
+    """job.json, output/stdout|stderr tails and scheduler/slurm.log in bundle_dir (``logs``: the
+    daemon logs already read for a batch of jobs, instead of ``log_paths``)."""
     spool.ensure_dir(bundle_dir)
     coverage: dict[str, Any] = {}
     outdir = os.path.join(bundle_dir, "output")
@@ -226,8 +234,9 @@ def write_controller_part(bundle_dir: str, job: dict[str, Any], output_cap: int,
         if data or status == "ok":
             spool.ensure_dir(outdir)
             _write(os.path.join(outdir, name), data)
-    if log_paths and job.get("slurm_job_id"):
-        lines, untrusted = split_scheduler_lines(log_paths, str(job["slurm_job_id"]), log_cap)
+    if (logs is not None or log_paths) and job.get("slurm_job_id"):
+        logs = logs if logs is not None else SchedulerLogs(log_paths or [], log_cap)
+        lines, untrusted = logs.split(str(job["slurm_job_id"]))
         spool.ensure_dir(os.path.join(bundle_dir, "scheduler"))
         _write(os.path.join(bundle_dir, "scheduler", "slurm.log"), ("\n".join(lines) + "\n").encode())
         coverage["scheduler"] = {"status": "ok", "lines": len(lines)}

@@ -15,6 +15,10 @@ class SlurmAccess(Protocol):
     def sacct_job(self, job_id: str) -> dict[str, str] | None:
         """The allocation's accounting row (State, ExitCode, Comment, ...), or None."""
 
+    def sacct_jobs(self, job_ids: list[str]) -> dict[str, dict[str, str]]:
+        """sacct_job for many jobs in few calls: {asked id: row}, ids accounting lacks left out
+        (optional: callers fall back to sacct_job)."""
+
     def job_comment(self, job_id: str, field: str) -> str | None:
         """Current Comment/AdminComment in accounting; None when the job is not there yet."""
 

@@ -130,6 +130,21 @@ class CliSlurm:
                 return dict(zip(SACCT_FIELDS, parts))
         return None
 
+    def sacct_jobs(self, job_ids: list[str]) -> dict[str, dict[str, str]]:
+        """sacct_job for many jobs, one sacct per 200 ids: {asked id: row} for the ids accounting has."""
+        out: dict[str, dict[str, str]] = {}
+        for at in range(0, len(job_ids), 200):  # bounded argument length per call
+            chunk = job_ids[at:at + 200]
+            text = self.run("sacct", "-n", "-P", "-X", "-j", ",".join(chunk), "-o", ",".join(SACCT_FIELDS))
+            for ln in text.splitlines():
+                parts = ln.split("|")
+                if len(parts) == len(SACCT_FIELDS):
+                    row = dict(zip(SACCT_FIELDS, parts))
+                    for k in (row["JobID"], row["JobIDRaw"]):
+                        if k in chunk and k not in out:
+                            out[k] = row
+        return out
+
     def job_comment(self, job_id: str, field: str) -> str | None:
         return self.job_comments([job_id], field).get(job_id)
 

@@ -312,6 +312,17 @@ class PyslurmSlurm:
             return sacct_row(job) if job is not None else None
         return self._call("db.Jobs.load", get, lambda: self.cli.sacct_job(job_id), bounded=True)
 
+    def sacct_jobs(self, job_ids: list[str]) -> dict[str, dict[str, str]]:
+        if not job_ids or not self._plain(job_ids):
+            return self.cli.sacct_jobs(job_ids)
+
+        def get() -> dict[str, dict[str, str]]:
+            out: dict[str, dict[str, str]] = {}
+            for at in range(0, len(job_ids), 200):
+                out.update({k: sacct_row(job) for k, job in self._db_jobs(job_ids[at:at + 200]).items()})
+            return out
+        return self._call("db.Jobs.load", get, lambda: self.cli.sacct_jobs(job_ids), bounded=True)
+
     def job_comment(self, job_id: str, field: str) -> str | None:
         return self.job_comments([job_id], field).get(job_id)
 

@@ -43,23 +43,3 @@ kernel_file = "{tmp_path}/k-%n.log"
     monkeypatch.setenv("SPANK_SATTR_ENABLED", "0")
     assert hooks.main(["node"]) == 0
     assert (tmp_path / "spool" / "bundles" / "77" / "nodes" / "n3" / "collect.json").is_file()
-
-
-def test_controller_hook_takes_the_allocation_from_its_environment(tmp_path, monkeypatch):
-    """scontrol's NodeList shrinks while nodes finish; the hook's SLURM_JOB_NODELIST does not."""
-    import json
-
-    from slurm_attr.slurm import cli as slurm_cli
-
-    cfg = tmp_path / "c.toml"
-    cfg.write_text(f'[paths]\nspool = "{tmp_path}/spool"\n[intake]\nqueue_dir = "{tmp_path}/q"\n')
-    monkeypatch.setenv("SLURM_ATTR_CONFIG", str(cfg))
-    monkeypatch.setenv("SLURM_JOB_ID", "91")
-    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
-    rec = {"JobId": "91", "NodeList": "", "JobState": "COMPLETING", "ExitCode": "1:0", "UserId": "u(5)"}
-    monkeypatch.setattr(slurm_cli.CliSlurm, "show_job", lambda self, j: rec)
-    monkeypatch.setattr(slurm_cli.CliSlurm, "sacct_job", lambda self, j: None)
-    monkeypatch.setattr(hooks, "_spawn_analysis", lambda key, env: None)
-    assert hooks.main(["controller"]) == 0
-    facts = json.loads((tmp_path / "spool" / "bundles" / "91" / "job.json").read_text())
-    assert facts["nodes"] == ["n1", "n2"]

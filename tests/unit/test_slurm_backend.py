@@ -207,7 +207,8 @@ def test_sacct_row_has_the_cli_fields_and_formats():
     # no limit of its own (NO_VAL, the partition's applies): sacct -P prints nothing
     assert pb.sacct_row(finished_job(time_limit="PartitionLimit"))["Timelimit"] == ""
     # what the analysis takes from it is what it takes from `sacct -P`
-    from_cli = dict(zip(SACCT_FIELDS, "41|41|sattrtest|debug|n[1-2]|FAILED|1:0|0:0|x|y|00:01:05|UNLIMITED".split("|")))
+    from_cli = dict(zip(SACCT_FIELDS, f"41|41|sattrtest|debug|n[1-2]|FAILED|1:0|0:0|{row['Start']}|{row['End']}|"
+                                      "00:01:05|UNLIMITED".split("|")))
     a = controller.refresh_state({"job_id": "41"}, row)
     b = controller.refresh_state({"job_id": "41"}, from_cli)
     assert a == b and a["state"] == "FAILED" and a["nodes"] == ["n1", "n2"]

@@ -1,0 +1,215 @@
+"""A burst of job ends on the real test cluster, with slurm-attr's controller side off and on.
+
+    python bench/bench_burst.py [--tasks 2000]
+
+Needs the local cluster (`bash cluster/testcluster.sh up`, as root); holds the cluster lock. For
+each mode it submits one job array of trivial tasks (every other task exits 1), and while it
+runs samples `squeue` latency (every 0.5 s) and the slurm_attr processes on the controller
+(every 0.1 s); it reads slurmctld's RPC counts and mean times (`sdiag`) before and after, each
+EpilogSlurmctld's wall time (the test cluster's hook timing log), and the workers' own CPU time
+(their "worker done" log lines). Mode "off" is `[analysis] enabled = false` (the hook records
+nothing: the baseline); mode "on" waits until every task's verdict is stored and commented.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import sqlite3
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BASE = Path(os.environ.get("SATTR_CLUSTER_BASE", "/var/lib/sattr-testcluster"))
+CONFIG = BASE / "etc" / "slurm_attr.toml"
+
+
+def cluster_env() -> dict[str, str]:
+    e = dict(os.environ)
+    out = subprocess.run(["bash", str(REPO / "cluster" / "testcluster.sh"), "env"], capture_output=True,
+                         text=True, check=True).stdout
+    e.update(part.split("=", 1) for part in out.split() if "=" in part)
+    return e
+
+
+@contextlib.contextmanager
+def analysis_enabled(on: bool):
+    original = CONFIG.read_text()
+    body = re.sub(r"(?ms)^\[analysis\][^\[]*", "", original).rstrip("\n")
+    section = dict(tomllib.loads(original).get("analysis") or {}, enabled=on)
+    body += "\n\n[analysis]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in section.items())
+    _write(CONFIG, body)
+    try:
+        yield
+    finally:
+        _write(CONFIG, original)
+
+
+def _toml(v: object) -> str:
+    return ("true" if v else "false") if isinstance(v, bool) else repr(v) if isinstance(v, (int, float)) \
+        else '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(".bench.tmp")
+    tmp.write_text(text)
+    os.chmod(tmp, path.stat().st_mode)
+    os.replace(tmp, path)
+
+
+def sdiag(env: dict[str, str]) -> dict[str, tuple[int, int]]:
+    """{RPC type: (count, total microseconds)} from slurmctld's statistics."""
+    out = subprocess.run(["sdiag"], capture_output=True, text=True, env=env, check=True).stdout
+    part = out.split("by message type", 1)[1].split("by user", 1)[0]
+    return {m.group(1): (int(m.group(2)), int(m.group(3))) for m in
+            re.finditer(r"^\s*(\w+)\s+\(\s*\d+\)\s+count:(\d+)\s+ave_time:\d+\s+total_time:(\d+)", part, re.M)}
+
+class Sampler(threading.Thread):
+    def __init__(self, env: dict[str, str]):
+        super().__init__(daemon=True)
+        self.env, self.stop = env, threading.Event()
+        self.squeue: list[float] = []
+        self.procs: list[tuple[int, int]] = []  # (hooks, workers) at once
+
+    def run(self) -> None:
+        last_q = 0.0
+        while not self.stop.is_set():
+            now = time.monotonic()
+            if now - last_q >= 0.5:
+                last_q = now
+                subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, env=self.env)
+                self.squeue.append(time.monotonic() - now)
+            hooks = workers = 0
+            for d in os.listdir("/proc"):
+                if not d.isdigit():
+                    continue
+                try:
+                    cmd = Path(f"/proc/{d}/cmdline").read_bytes()
+                except OSError:
+                    continue
+                if b"slurm_attr.hooks\0work" in cmd or b"slurm_attr.hooks\0analyze" in cmd:
+                    workers += 1
+                elif b"slurm_attr.hooks\0controller" in cmd:
+                    hooks += 1
+            self.procs.append((hooks, workers))
+            self.stop.wait(0.1)
+
+
+def hook_times(since: float, until: float) -> list[float]:
+    out = []
+    for ln in (BASE / "log" / "epilog_slurmctld-times.log").read_text().splitlines():
+        p = ln.split()
+        if len(p) == 5 and since <= float(p[2]) <= until:
+            out.append(float(p[3]) - float(p[2]))
+    return out
+
+
+def worker_cpu(since: float) -> tuple[float, int, str]:
+    """(cpu seconds, workers, last line) of the workers that ended after ``since``."""
+    cpu, n, last = 0.0, 0, ""
+    log = BASE / "log" / "sattr-epilog_slurmctld.log"
+    for ln in log.read_text(errors="replace").splitlines():
+        m = re.match(r"(\S+ \S+),\d+ .*worker done: (.*); cpu ([\d.]+)s", ln)
+        if m and time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) >= since - 1:
+            cpu, n, last = cpu + float(m.group(3)), n + 1, m.group(2)
+    return cpu, n, last
+
+
+def burst(env: dict[str, str], tasks: int, on: bool) -> dict[str, object]:
+    outdir = Path("/tmp/sattr-burst")
+    subprocess.run(["rm", "-rf", str(outdir)])
+    outdir.mkdir()
+    os.chown(outdir, int(subprocess.run(["id", "-u", "sattrtest"], capture_output=True, text=True).stdout),
+             -1)
+    before = sdiag(env)
+    sampler = Sampler(env)
+    sampler.start()
+    t0, m0 = time.time(), time.monotonic()
+    arr = subprocess.run(["su", "sattrtest", "-c",
+                          f"cd /tmp && sbatch --parsable -Q -N1 -t 5 --array=0-{tasks - 1} -o {outdir}/%A_%a.out "
+                          "--wrap 'exit $((SLURM_ARRAY_TASK_ID % 2))'"],
+                         capture_output=True, text=True, env=env, check=True).stdout.strip().split(";")[0]
+    while subprocess.run(["squeue", "-h", "-r", "-j", arr, "-o", "%i"], capture_output=True, text=True,
+                         env=env).stdout.strip():
+        time.sleep(1.0)
+    ended, t_end = time.monotonic(), time.time()
+    stored_at = None
+    if on:
+        db = tomllib.loads(CONFIG.read_text())["paths"]["database"]
+        while time.monotonic() - ended < 900:
+            with contextlib.closing(sqlite3.connect(db, timeout=30)) as c:
+                n = c.execute("select count(*) from verdicts where job_id like ?", [f"{arr}_%"]).fetchone()[0]
+            if n >= tasks:
+                stored_at = time.monotonic()
+                break
+            time.sleep(0.5)
+    time.sleep(2.0)  # the last workers' comment sweep and exit
+    sampler.stop.set()
+    sampler.join()
+    after = sdiag(env)
+    rpcs = {k: (after[k][0] - before.get(k, (0, 0))[0], after[k][1] - before.get(k, (0, 0))[1]) for k in after}
+    rpcs = {k: v for k, v in rpcs.items() if v[0] > 0}
+    comments = 0
+    if on:
+        out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", arr, "-o", "Comment%300"], capture_output=True,
+                             text=True, env=env).stdout
+        comments = sum("sattr1:" in ln.lower() for ln in out.splitlines())
+    hooks = hook_times(t0, t_end + 5)
+    cpu, workers, last = worker_cpu(t0) if on else (0.0, 0, "")
+    q = sorted(sampler.squeue)
+    return {"array": arr, "burst_s": ended - m0, "stored_after_end_s": (stored_at - ended) if stored_at else None,
+            "comments": comments, "peak_workers": max((w for _h, w in sampler.procs), default=0),
+            "peak_hooks": max((h for h, _w in sampler.procs), default=0),
+            "peak_python": max((h + w for h, w in sampler.procs), default=0),
+            "squeue_p50": statistics.median(q) if q else 0.0, "squeue_p90": q[int(0.9 * (len(q) - 1))] if q else 0.0,
+            "rpcs": rpcs, "hook_p50": statistics.median(hooks) if hooks else 0.0,
+            "hook_p99": sorted(hooks)[int(0.99 * (len(hooks) - 1))] if hooks else 0.0, "hooks": len(hooks),
+            "cpu_s": cpu, "worker_runs": workers, "drain_rate": tasks / max(0.001, (stored_at or ended) - m0)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tasks", type=int, default=2000)
+    args = ap.parse_args()
+    env = cluster_env()
+    res = {}
+    for name, on in (("off", False), ("on", True)):
+        with analysis_enabled(on):
+            res[name] = burst(env, args.tasks, on)
+        print(f"{name}: {res[name]}", file=sys.stderr)
+    off, on = res["off"], res["on"]
+    print(f"\nburst of {args.tasks} array tasks (half exit 1), slurm-attr's controller side off vs on\n")
+    rows = [("array tasks ended (s)", off["burst_s"], on["burst_s"]),
+            ("verdicts stored after the last end (s)", None, on["stored_after_end_s"]),
+            ("comments written", None, on["comments"]),
+            ("peak analysis processes (workers)", off["peak_workers"], on["peak_workers"]),
+            ("peak slurm_attr processes (hooks + workers)", off["peak_python"], on["peak_python"]),
+            ("squeue p50 (s)", off["squeue_p50"], on["squeue_p50"]),
+            ("squeue p90 (s)", off["squeue_p90"], on["squeue_p90"]),
+            ("EpilogSlurmctld p50 (ms)", off["hook_p50"] * 1e3, on["hook_p50"] * 1e3),
+            ("EpilogSlurmctld p99 (ms)", off["hook_p99"] * 1e3, on["hook_p99"] * 1e3),
+            ("jobs/s to verdict (all stored)", None, on["drain_rate"]),
+            ("worker CPU s per job", None, on["cpu_s"] / args.tasks)]
+    for label, a, b in rows:
+        fa = "-" if a is None else f"{a:.3f}" if isinstance(a, float) else str(a)
+        fb = "-" if b is None else f"{b:.3f}" if isinstance(b, float) else str(b)
+        print(f"  {label:<46} off {fa:>10}   on {fb:>10}")
+    print("\nslurmctld RPCs during the burst (count, mean µs): off | on")
+    for k in sorted(set(off["rpcs"]) | set(on["rpcs"])):
+        a, b = off["rpcs"].get(k, (0, 0)), on["rpcs"].get(k, (0, 0))
+        print(f"  {k:<36} {a[0]:>6} {a[1] / max(1, a[0]):>8.0f} | {b[0]:>6} {b[1] / max(1, b[0]):>8.0f}")
+    ta = sum(v[1] for v in off["rpcs"].values()) / max(1, sum(v[0] for v in off["rpcs"].values()))
+    tb = sum(v[1] for v in on["rpcs"].values()) / max(1, sum(v[0] for v in on["rpcs"].values()))
+    print(f"\n  all RPCs mean time: off {ta:.0f} µs, on {tb:.0f} µs (ratio {tb / max(1.0, ta):.2f}); "
+          f"squeue p90 ratio {on['squeue_p90'] / max(1e-9, off['squeue_p90']):.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

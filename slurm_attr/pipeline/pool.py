@@ -1,0 +1,223 @@
+"""At most ``[analysis] workers`` analysis workers on the controller, started by the hooks.
+
+Slots are lock files ``<queue_dir>/.worker-<i>.lock``. The hook that recorded a job takes a free
+slot (a non-blocking flock) and starts a worker that inherits the locked file, so the slot is the
+worker's from its first instant: a burst of 5,000 hooks starts at most ``workers`` workers, and
+no daemon is needed. A worker drains the intake in batches (one sacct and one node listing per
+batch, the daemon logs read once), each job through ``retry.process``, at low CPU and I/O
+priority. With nothing left it gives its slot back and looks once more: a hook that found every
+slot taken relies on that look. A killed worker loses nothing: its jobs stay pending (their
+claim locks die with it) and the next worker, or ``sattr retry``, takes them.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from typing import Any
+
+from .. import intake, spool
+from ..config import Config
+
+log = logging.getLogger("slurm_attr")
+
+BATCH = 200          # jobs per batch: one sacct call (its id list is bounded at 200 too)
+POLL_S = 0.5         # while the only jobs left wait for node parts or accounting
+SETTLE_S = 10.0      # a job accounting has no final state for yet waits this long after its end
+FD_ENV = "SLURM_ATTR_WORKER_FD"
+
+
+def slots(cfg: Config) -> int:
+    if cfg.analysis.workers > 0:
+        return cfg.analysis.workers
+    return max(1, (os.cpu_count() or 1) // 4)
+
+
+def _take_slot(cfg: Config) -> int | None:
+    """A locked slot file's descriptor, or None when every slot is held."""
+    os.makedirs(cfg.intake.queue_dir, mode=0o700, exist_ok=True)
+    for i in range(slots(cfg)):
+        fd = os.open(os.path.join(cfg.intake.queue_dir, f".worker-{i}.lock"),
+                     os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except OSError as err:
+            os.close(fd)
+            if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise
+    return None
+
+
+def _child_env(env: dict[str, str]) -> dict[str, str]:
+    out = {k: v for k, v in env.items() if k.startswith(("SLURM_ATTR_", "SLURM_CONF", "PATH", "LANG", "TZ"))}
+    out["SLURM_JOB_ID"] = env.get("SLURM_JOB_ID", "")
+    return out
+
+
+def kick(cfg: Config, env: dict[str, str]) -> bool:
+    """Start a worker holding a free slot; False when every slot is busy (a worker will see the job)."""
+    try:
+        fd = _take_slot(cfg)
+    except OSError as err:
+        log.error("no worker slot (%s): the job stays pending for `sattr retry`", err)
+        return False
+    if fd is None:
+        return False
+    try:
+        child = _child_env(env)
+        child[FD_ENV] = str(fd)
+        with open(os.devnull, "rb") as dn_in, open(os.devnull, "wb") as dn_out:
+            subprocess.Popen([sys.executable, "-m", "slurm_attr.hooks", "work"], stdin=dn_in, stdout=dn_out,
+                             stderr=dn_out, start_new_session=True, env=child, pass_fds=(fd,))
+    finally:
+        os.close(fd)  # the worker's inherited copy keeps the lock
+    return True
+
+
+def spawn_single(key: str, env: dict[str, str]) -> None:
+    """One job's analysis, outside the pool: only when its pending record could not be written."""
+    with open(os.devnull, "rb") as dn_in, open(os.devnull, "wb") as dn_out:
+        subprocess.Popen([sys.executable, "-m", "slurm_attr.hooks", "analyze", key], stdin=dn_in,
+                         stdout=dn_out, stderr=dn_out, start_new_session=True, env=_child_env(env))
+
+
+def lower_priority() -> None:
+    """Nice 10 and the lowest best-effort I/O class: slurmctld comes first on its own host."""
+    try:
+        os.nice(10)
+    except OSError:
+        pass
+    import ctypes
+    import platform
+
+    nr = {"x86_64": 251, "aarch64": 30, "ppc64le": 273}.get(platform.machine())
+    if nr is None:
+        return
+    try:  # ioprio_set(IOPRIO_WHO_PROCESS, self, class best-effort (2) << 13 | level 7)
+        ctypes.CDLL(None, use_errno=True).syscall(nr, 1, 0, (2 << 13) | 7)
+    except (OSError, AttributeError):
+        pass
+
+
+def _nodes_in(bdir: str, nodes: list[str]) -> bool:
+    return all(os.path.exists(os.path.join(bdir, "nodes", n, "collect.json")) for n in nodes)
+
+
+def _ready(cfg: Config, doc: dict[str, Any], now: float) -> bool | None:
+    """True: analyse now; None: later (its node parts may still come); False: not this run's
+    (a failed job in its backoff: `sattr retry` and later hooks take it)."""
+    if int(doc.get("attempts") or 0) and float(doc.get("next_try") or 0) > now:
+        return False
+    if now - float(doc.get("since") or 0) >= cfg.analysis.node_wait_s:
+        return True
+    nodes = [n for n in (doc.get("job") or {}).get("nodes") or [] if isinstance(n, str)]
+    bdir = spool.bundle_dir(cfg.paths.spool, doc["key"])
+    return True if not os.path.isdir(bdir) or _nodes_in(bdir, nodes) else None
+
+
+def _raw_id(doc: dict[str, Any]) -> str:
+    job = doc.get("job") or {}
+    return str(job.get("slurm_job_id") or job.get("job_id") or doc["key"].split(".r")[0])
+
+
+def work(cfg: Config, fd: int, slurm: Any = None, open_store: Any = None) -> Counter[str]:
+    """Drain the intake while holding slot ``fd``; returns the outcomes counted."""
+    from ..slurm import from_config
+    from ..slurm.batched import Batched
+
+    batched = Batched(slurm if slurm is not None else from_config(cfg, timeout=10))
+    counts: Counter[str] = Counter()
+    while True:
+        now = time.time()
+        docs = intake.entries(cfg)
+        states = [(d, _ready(cfg, d, now)) for d in docs]
+        todo = [d for d, r in states if r][:BATCH]
+        waiting = any(r is None for _d, r in states)
+        if todo:
+            done = _batch(cfg, batched, todo, open_store)
+            counts.update(done.values())
+            if all(v in ("busy", "settling") for v in done.values()):
+                time.sleep(POLL_S)  # all taken by the other workers, or waiting for accounting
+            continue
+        if waiting:
+            time.sleep(POLL_S)
+            continue
+        os.close(fd)  # nothing left: the slot goes back, then one more look (see the module doc)
+        if not any(_ready(cfg, d, time.time()) is not False for d in intake.entries(cfg)):
+            break
+        got = _take_slot(cfg)
+        if got is None:
+            break  # another worker holds a slot and will see it
+        fd = got
+    _after_run(cfg, batched, counts, open_store)
+    return counts
+
+
+def _batch(cfg: Config, batched: Any, todo: list[dict[str, Any]], open_store: Any) -> dict[str, str]:
+    from .. import retry
+    from ..collect.controller import SchedulerLogs, log_paths
+
+    batched.prefetch([_raw_id(d) for d in todo])
+    logs = None
+    out: dict[str, str] = {}
+    now = time.time()
+    for doc in todo:
+        key = doc["key"]
+        if not batched.settled(_raw_id(doc)) and now - float(doc.get("since") or 0) < SETTLE_S:
+            out[key] = "settling"  # accounting has not written the end yet: the next batch asks again
+            continue
+        if logs is None and (doc.get("job") or {}).get("facts_source") == "env":
+            logs = SchedulerLogs(log_paths(cfg.collect.scheduler_logs), 16 << 20)
+        try:
+            out[key] = retry.process(cfg, key, slurm=batched, open_store=open_store, retry_for_s=0, logs=logs,
+                                     pending_only=True, sweep_comments=False)
+        except Exception as err:  # noqa: BLE001 - one job's failure must not stop the others
+            log.exception("job %s: worker could not process it: %s", key, err)
+            out[key] = "error"
+    return out
+
+
+def _after_run(cfg: Config, batched: Any, counts: Counter[str], open_store: Any) -> None:
+    """Once per run, not per job: the comment queue and recent comments re-checked, the spool pruned."""
+    from .. import gc
+    from ..postmortem import sweep_comment_queue
+
+    if counts.get("stored") and cfg.comment.enabled:
+        try:
+            store = open_store(cfg) if open_store else _store(cfg)
+            sweep_comment_queue(cfg, batched.backend, store)
+        except Exception as err:  # noqa: BLE001 - the timer's `sattr comments --verify` does it later
+            log.warning("comment sweep skipped: %s", err)
+    gc.maybe_collect(cfg)
+    import resource
+
+    use = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    log.info("worker done: %s; %d Slurm calls for its batches; cpu %.2fs",
+             " ".join(f"{k}={v}" for k, v in sorted(counts.items())) or "nothing to do", batched.calls,
+             sum(u.ru_utime + u.ru_stime for u in use))
+
+
+def _store(cfg: Config) -> Any:
+    from ..store import Store
+
+    return Store(cfg.paths.database)
+
+
+def work_main(env: dict[str, str]) -> int:
+    """``python -m slurm_attr.hooks work``: the slot comes locked from the hook (FD_ENV), or is
+    taken here (a site's systemd unit, `sattr` by hand); none free: nothing to do."""
+    from .. import config as config_mod
+
+    cfg = config_mod.load()
+    fd = int(env[FD_ENV]) if env.get(FD_ENV, "").isdigit() else _take_slot(cfg)
+    if fd is None:
+        return 0
+    lower_priority()
+    work(cfg, fd)
+    return 0

@@ -1,0 +1,116 @@
+"""The worker pool (issue 23): one sacct per batch, jobs accounting has not settled wait (others
+go first), jobs whose node parts are missing wait up to node_wait_s, the slot is given back."""
+import os
+import time
+
+import pytest
+
+from slurm_attr import intake, retry
+from slurm_attr.config import load
+from slurm_attr.errors import SlurmUnavailable
+from slurm_attr.pipeline import pool
+from slurm_attr.slurm.batched import Batched
+
+
+class Acct:
+    """A backend whose accounting rows are given per job; counts its calls."""
+
+    def __init__(self, rows, down=False):
+        self.rows, self.down, self.calls = rows, down, []
+
+    def sacct_jobs(self, ids):
+        self.calls.append(("sacct_jobs", tuple(ids)))
+        if self.down:
+            raise SlurmUnavailable("slurmdbd down")
+        return {i: self.rows[i] for i in ids if i in self.rows}
+
+    def sacct_job(self, job_id):
+        self.calls.append(("sacct_job", job_id))
+        return self.rows.get(job_id)
+
+    def nodes(self):
+        self.calls.append(("nodes",))
+        return [{"NodeName": "n1", "State": "IDLE"}]
+
+
+@pytest.fixture
+def cfg(tmp_path):
+    c = load(None)
+    c.intake.queue_dir = str(tmp_path / "q")
+    c.paths.spool = str(tmp_path / "spool")
+    c.analysis.node_wait_s = 30.0
+    c.comment.enabled = False
+    return c
+
+
+def _pending(cfg, job_id, nodes=(), since=None, parts=()):
+    intake.record(cfg, job_id, {"job_id": job_id, "slurm_job_id": job_id, "nodes": list(nodes)})
+    if since is not None:
+        doc = intake.load(cfg, job_id)
+        doc["since"] = since
+        intake._atomic_write(intake._path(cfg, job_id), doc)
+    for n in parts:
+        d = os.path.join(cfg.paths.spool, "bundles", job_id, "nodes", n)
+        os.makedirs(d, exist_ok=True)
+        open(os.path.join(d, "collect.json"), "w").close()
+
+
+def test_one_batch_one_sacct_and_the_unsettled_job_waits_its_turn(cfg, monkeypatch):
+    final = {"State": "FAILED", "ExitCode": "1:0"}
+    backend = Acct({"11": final, "12": final})
+    now = time.time()
+    _pending(cfg, "13", since=now - 0.02)  # oldest, but accounting has no final row yet: after the others
+    _pending(cfg, "11", since=now - 0.01)
+    _pending(cfg, "12", since=now)
+    order = []
+
+    def process(cfg_, key, slurm=None, **kw):
+        order.append(key)
+        assert kw["pending_only"] and not kw["sweep_comments"]
+        slurm.sacct_job(key)
+        if key == "13":
+            backend.rows["13"] = final
+        intake.done(cfg_, key)
+        return "stored"
+    monkeypatch.setattr(retry, "process", process)
+    monkeypatch.setattr(pool, "SETTLE_S", 0.3)
+    monkeypatch.setattr(pool, "POLL_S", 0.05)
+    fd = pool._take_slot(cfg)
+    counts = pool.work(cfg, fd, slurm=backend, open_store=lambda c: None)
+    assert order == ["11", "12", "13"] and counts["stored"] == 3
+    assert backend.calls[0] == ("sacct_jobs", ("13", "11", "12"))
+    # 11 and 12 came from the batch's rows; 13 was asked on its own only after its settle time.
+    assert ("sacct_job", "11") not in backend.calls and ("sacct_job", "12") not in backend.calls
+    assert intake.entries(cfg) == []
+    assert pool._take_slot(cfg) is not None  # the slot went back
+
+
+def test_a_job_waits_for_its_node_parts_but_not_past_node_wait(cfg, monkeypatch):
+    now = time.time()
+    _pending(cfg, "21", nodes=["n1", "n2"], since=now, parts=["n1"])        # n2 not in yet
+    _pending(cfg, "22", nodes=["n1", "n2"], since=now - 60, parts=["n1"])   # waited long enough
+    _pending(cfg, "23", nodes=["n1"], since=now, parts=["n1"])              # complete
+    assert pool._ready(cfg, intake.load(cfg, "21") | {"key": "21"}, now) is None
+    assert pool._ready(cfg, intake.load(cfg, "22") | {"key": "22"}, now) is True
+    assert pool._ready(cfg, intake.load(cfg, "23") | {"key": "23"}, now) is True
+    failed = intake.failed(cfg, "23", "database is locked")  # in its backoff: not this run's
+    assert pool._ready(cfg, failed | {"key": "23"}, now) is False
+
+
+def test_accounting_down_is_asked_once_per_batch(cfg):
+    backend = Acct({}, down=True)
+    b = Batched(backend)
+    b.prefetch(["1", "2"])
+    assert b.settled("1")  # waiting would not help
+    with pytest.raises(SlurmUnavailable):
+        b.sacct_job("1")
+    assert backend.calls == [("sacct_jobs", ("1", "2"))]
+    b.node_record("n1"), b.node_record("n2")
+    assert backend.calls.count(("nodes",)) == 1
+
+
+def test_a_job_another_worker_stored_is_not_analysed_again(cfg, monkeypatch):
+    calls = []
+    monkeypatch.setattr("slurm_attr.postmortem.finish_job", lambda *a, **k: calls.append(a))
+    assert retry.process(cfg, "31", slurm=object(), pending_only=True) == "gone"
+    assert calls == []

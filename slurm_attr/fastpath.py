@@ -13,7 +13,7 @@ itself (slurmstate.py): our drains are the nodes whose reason starts with ``SATT
 with the reasons' timestamps and the partitions' sizes, so every node sees the same
 state. The decision is recorded durably later: in ``nodes/<node>/fastpath.json`` when the
 spool takes it, and in any case by the central analysis, which reconciles its store
-from Slurm's reasons (reconcile.py). A breaker a person tripped in the database
+from Slurm's reasons (pipeline/reconcile.py). A breaker a person tripped in the database
 is not visible here; the limits themselves are.
 
 Cost: nothing when the window is empty; otherwise the rule catalog load without its

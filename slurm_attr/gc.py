@@ -37,7 +37,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import intake, spool
+from . import spool
+from .pipeline import intake
 from .config import Config
 
 log = logging.getLogger("slurm_attr")

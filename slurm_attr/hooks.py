@@ -121,19 +121,27 @@ def _record_fast(cfg: Any, key: str, node: str, acts: list[Any]) -> None:
 
 
 def analyze_main(key: str) -> int:
-    """This job to a stored verdict (retry.py), then any pending job whose backoff has
-    passed (the "next hook run" retry), then the spool's retention, at most every few minutes."""
-    from . import gc, retry
+    """One job to a stored verdict outside the pool (its pending record could not be written),
+    then the spool's retention, at most every few minutes."""
+    from . import gc
+    from .pipeline import attempt
 
     cfg = config_mod.load()
-    outcome = retry.process(cfg, key)
-    log.info("job %s: %s", key, outcome)
-    if outcome in ("stored", "busy", "gone"):
-        # Others wait for a hook run; this one went through, so the store is likely free now.
-        done = retry.retry_due(cfg, limit=10, exclude=key)
-        if done:
-            log.info("retried pending jobs: %s", " ".join(f"{k}={v}" for k, v in sorted(done.items())))
+    log.info("job %s: %s", key, attempt.process(cfg, key))
     gc.maybe_collect(cfg)
+    return 0
+
+
+def controller_main(env: dict[str, str]) -> int:
+    """EpilogSlurmctld: record the job (pipeline/record.py), then start a worker if a slot is free."""
+    from .pipeline import pool, record
+
+    cfg = config_mod.load()
+    key, recorded = record.record_main(cfg, env)
+    if key and recorded:
+        pool.kick(cfg, env)
+    elif key:
+        pool.spawn_single(key, env)
     return 0
 
 
@@ -147,9 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         if what == "node":
             return node_main(env)
         if what == "controller":
-            from .pipeline.record import record_main
-
-            return record_main(env)
+            return controller_main(env)
         if what == "work":
             from .pipeline.pool import work_main
 

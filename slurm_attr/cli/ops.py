@@ -172,7 +172,7 @@ def list_jobs(ctx: click.Context, since: str, user: str | None, cause: str | Non
 
 
 def _list_pending(cfg: Any, as_json: bool) -> None:
-    from .. import intake
+    from ..pipeline import intake
 
     require_admin(cfg, "list --pending")
     rows = intake.entries(cfg)
@@ -487,7 +487,7 @@ def reanalyze(ctx: click.Context, job_ids: tuple[str, ...], since: str | None, a
 
         sattr reanalyze --since 2d
     """
-    from ..postmortem import finish_job
+    from ..pipeline.finish import finish_job
 
     cfg = load_config(ctx)
     require_admin(cfg, "reanalyze")

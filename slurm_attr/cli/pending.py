@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from .. import gc as gc_mod
-from .. import intake
+from ..pipeline import intake
 from . import main
 from .options import echo_json, handle_errors, json_option, load_config
 
@@ -40,7 +40,7 @@ def retry(ctx: click.Context, everything: bool, limit: int, as_json: bool) -> No
 
         sattr retry --all
     """
-    from .. import reconcile, retry as retry_mod
+    from ..pipeline import attempt as retry_mod, reconcile
     from ..slurm import from_config
     from .ops import require_admin
 

@@ -19,86 +19,11 @@ from .. import safefs, spool
 from . import provenance
 from ..errors import SlurmError, UnsafePath
 from ..slurm.base import SlurmAccess
-from ..slurm.hostlist import expand
-from .jobstate import FINAL_STATES, derive_state, exit_pair
+from .jobstate import job_facts
 
 # Daemon lines about the job that embed job-chosen text (provenance.py): kept, but apart.
 UNTRUSTED_SCHEDULER = "untrusted.txt"
 
-
-
-def _epoch_iso(value: str | None) -> str | None:
-    """Slurm's local 'YYYY-MM-DDTHH:MM:SS' as ISO 8601 with the local offset."""
-    if not value or value in ("Unknown", "None", "N/A"):
-        return None
-    try:
-        dt = datetime.strptime(value, "%Y-%m-%dT%H:%M:%S")
-    except ValueError:
-        return None
-    return dt.astimezone().isoformat(timespec="seconds")
-
-
-def _user(value: str | None) -> tuple[str | None, int | None]:
-    m = re.match(r"^([^()]*)\((\d+)\)$", value or "")
-    if m:
-        return m.group(1) or None, int(m.group(2))
-    return (value or None), None
-
-
-def job_facts(rec: dict[str, str], sacct: dict[str, str] | None = None) -> dict[str, Any]:
-    """job.json from an `scontrol -o show job` record and, when present, the sacct row."""
-    exit_code, sig = exit_pair(rec.get("ExitCode"))
-    user, uid = _user(rec.get("UserId"))
-    job_id = rec.get("JobId", "")
-    if rec.get("ArrayJobId") and rec.get("ArrayTaskId") and rec.get("ArrayTaskId") != "N/A":
-        job_id = f"{rec['ArrayJobId']}_{rec['ArrayTaskId']}"
-    state, state_source = derive_state(rec.get("JobState"), rec.get("Reason"), exit_code, sig,
-                                       (sacct or {}).get("State"))
-    facts: dict[str, Any] = {
-        "job_id": job_id,
-        "slurm_job_id": rec.get("JobId"),
-        "name": rec.get("JobName"),
-        "user": user,
-        "uid": uid,
-        "account": rec.get("Account"),
-        "partition": rec.get("Partition"),
-        "nodes": expand(rec.get("NodeList", "")),
-        "start_time": _epoch_iso(rec.get("StartTime")),
-        "end_time": _epoch_iso(rec.get("EndTime")),
-        "exit_code": exit_code,
-        "signal": sig,
-        "state": state,
-        "state_source": state_source,
-        "reason": rec.get("Reason"),
-        "time_limit": rec.get("TimeLimit"),
-        "restart_count": int(rec.get("Restarts", "0") or 0),
-        "num_tasks": int(rec["NumTasks"]) if rec.get("NumTasks", "").isdigit() else None,
-        "batch": rec.get("BatchFlag") == "1",
-        "stdout_path": rec.get("StdOut") or None,
-        "stderr_path": rec.get("StdErr") or None,
-    }
-    return {k: v for k, v in facts.items() if v is not None}
-
-
-def refresh_state(job: dict[str, Any], sacct: dict[str, str] | None) -> dict[str, Any]:
-    """Take accounting's final state word and exit code once it has them."""
-    if not sacct:
-        return job
-    word = (sacct.get("State") or "").split(" ")[0]
-    if word in FINAL_STATES:
-        job["state"] = word
-        job["state_source"] = "sacct"
-        ec, sig = exit_pair(sacct.get("ExitCode"))
-        if ec is not None:
-            job["exit_code"], job["signal"] = ec, sig
-        if sacct.get("State", "").startswith("CANCELLED by "):
-            job["cancelled_by_uid"] = sacct["State"].split("by ", 1)[1]
-        if not job.get("nodes") and sacct.get("NodeList"):
-            job["nodes"] = expand(sacct["NodeList"])
-        for key, col in (("start_time", "Start"), ("end_time", "End")):
-            if not job.get(key) and _epoch_iso(sacct.get(col)):
-                job[key] = _epoch_iso(sacct.get(col))
-    return job
 
 
 def tail_output(path: str, uid: int | None, cap: int) -> tuple[bytes, str, str]:

@@ -1,4 +1,5 @@
-"""The job's facts from Slurm's own words: EpilogSlurmctld's environment, exit pairs, state words.
+"""The job's facts from Slurm's own words: EpilogSlurmctld's environment, `scontrol show job`
+records and sacct rows, exit pairs, state words.
 
 Kept apart from controller.py (the bundle's controller part) so that the hook, which records a
 job from its environment thousands of times a minute in a burst, imports only this.
@@ -114,3 +115,77 @@ def expand_output_path(pattern: str, facts: dict[str, Any], arr: str = "", task:
         value = values[m.group(2)]
         return value.zfill(int(m.group(1))) if m.group(1) and value.isdigit() else value
     return _PATTERN.sub(one, pattern)
+
+
+def epoch_iso(value: str | None) -> str | None:
+    """Slurm's local 'YYYY-MM-DDTHH:MM:SS' as ISO 8601 with the local offset."""
+    if not value or value in ("Unknown", "None", "N/A"):
+        return None
+    try:
+        dt = datetime.strptime(value, "%Y-%m-%dT%H:%M:%S")
+    except ValueError:
+        return None
+    return dt.astimezone().isoformat(timespec="seconds")
+
+
+def _user(value: str | None) -> tuple[str | None, int | None]:
+    m = re.match(r"^([^()]*)\((\d+)\)$", value or "")
+    if m:
+        return m.group(1) or None, int(m.group(2))
+    return (value or None), None
+
+
+def job_facts(rec: dict[str, str], sacct: dict[str, str] | None = None) -> dict[str, Any]:
+    """job.json from an `scontrol -o show job` record and, when present, the sacct row."""
+    exit_code, sig = exit_pair(rec.get("ExitCode"))
+    user, uid = _user(rec.get("UserId"))
+    job_id = rec.get("JobId", "")
+    if rec.get("ArrayJobId") and rec.get("ArrayTaskId") and rec.get("ArrayTaskId") != "N/A":
+        job_id = f"{rec['ArrayJobId']}_{rec['ArrayTaskId']}"
+    state, state_source = derive_state(rec.get("JobState"), rec.get("Reason"), exit_code, sig,
+                                       (sacct or {}).get("State"))
+    facts: dict[str, Any] = {
+        "job_id": job_id,
+        "slurm_job_id": rec.get("JobId"),
+        "name": rec.get("JobName"),
+        "user": user,
+        "uid": uid,
+        "account": rec.get("Account"),
+        "partition": rec.get("Partition"),
+        "nodes": expand(rec.get("NodeList", "")),
+        "start_time": epoch_iso(rec.get("StartTime")),
+        "end_time": epoch_iso(rec.get("EndTime")),
+        "exit_code": exit_code,
+        "signal": sig,
+        "state": state,
+        "state_source": state_source,
+        "reason": rec.get("Reason"),
+        "time_limit": rec.get("TimeLimit"),
+        "restart_count": int(rec.get("Restarts", "0") or 0),
+        "num_tasks": int(rec["NumTasks"]) if rec.get("NumTasks", "").isdigit() else None,
+        "batch": rec.get("BatchFlag") == "1",
+        "stdout_path": rec.get("StdOut") or None,
+        "stderr_path": rec.get("StdErr") or None,
+    }
+    return {k: v for k, v in facts.items() if v is not None}
+
+
+def refresh_state(job: dict[str, Any], sacct: dict[str, str] | None) -> dict[str, Any]:
+    """Take accounting's final state word and exit code once it has them."""
+    if not sacct:
+        return job
+    word = (sacct.get("State") or "").split(" ")[0]
+    if word in FINAL_STATES:
+        job["state"] = word
+        job["state_source"] = "sacct"
+        ec, sig = exit_pair(sacct.get("ExitCode"))
+        if ec is not None:
+            job["exit_code"], job["signal"] = ec, sig
+        if sacct.get("State", "").startswith("CANCELLED by "):
+            job["cancelled_by_uid"] = sacct["State"].split("by ", 1)[1]
+        if not job.get("nodes") and sacct.get("NodeList"):
+            job["nodes"] = expand(sacct["NodeList"])
+        for key, col in (("start_time", "Start"), ("end_time", "End")):
+            if not job.get(key) and epoch_iso(sacct.get(col)):
+                job[key] = epoch_iso(sacct.get(col))
+    return job

@@ -1,6 +1,15 @@
-"""After a job ends, on the controller: record -> pool -> (retry.process: settle, analyse, publish).
+"""After a job ends, on the controller. The stages, in the order the data flows:
 
-``record``  EpilogSlurmctld: the job's facts from the hook's own environment into the durable
-            intake, a worker started when a slot is free; nothing else (no RPC, no analysis).
-``pool``    at most ``[analysis] workers`` workers drain the intake in batches, at low priority.
+``intake``     the durable pending record: one small fsynced file per ended job on local disk
+               until its verdict is stored (every later stage reads or updates it)
+``record``     EpilogSlurmctld: the job's facts from the hook's own environment into the intake;
+               nothing else (no RPC, no user file read, no analysis)
+``settle``     the job's final state from accounting (slurmctld's word while accounting is down)
+``finish``     analyse, store, drain, comment (``reconcile``: the fast path's drains into the store)
+
+and the two that drive them: ``pool`` (at most ``[analysis] workers`` workers drain the intake in
+batches, at low priority) and ``attempt`` (one job's attempt: stored, left pending with its error
+and a backoff, or partial). A stage imports only earlier stages; only the drivers import stages
+(tests/unit/test_pipeline_layout.py). hooks.py is the entry point Slurm runs; ``sattr retry`` (a
+timer) takes what a worker left pending.
 """

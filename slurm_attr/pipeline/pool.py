@@ -4,7 +4,7 @@ Slots are lock files ``<queue_dir>/.worker-<i>.lock``. The hook that recorded a 
 slot (a non-blocking flock) and starts a worker that inherits the locked file, so the slot is the
 worker's from its first instant: a burst of 5,000 hooks starts at most ``workers`` workers, and
 no daemon is needed. A worker drains the intake in batches (one sacct and one node listing per
-batch, the daemon logs read once), each job through ``retry.process``, at low CPU and I/O
+batch, the daemon logs read once), each job through ``attempt.process``, at low CPU and I/O
 priority. With nothing left it gives its slot back and looks once more: a hook that found every
 slot taken relies on that look. A killed worker loses nothing: its jobs stay pending (their
 claim locks die with it) and the next worker, or ``sattr retry``, takes them.
@@ -21,7 +21,8 @@ import time
 from collections import Counter
 from typing import Any
 
-from .. import intake, spool
+from .. import spool
+from . import intake
 from ..config import Config
 
 log = logging.getLogger("slurm_attr")
@@ -160,7 +161,7 @@ def work(cfg: Config, fd: int, slurm: Any = None, open_store: Any = None) -> Cou
 
 
 def _batch(cfg: Config, batched: Any, todo: list[dict[str, Any]], open_store: Any) -> dict[str, str]:
-    from .. import retry
+    from . import attempt
     from ..collect.controller import SchedulerLogs, log_paths
 
     batched.prefetch([_raw_id(d) for d in todo])
@@ -175,7 +176,7 @@ def _batch(cfg: Config, batched: Any, todo: list[dict[str, Any]], open_store: An
         if logs is None and (doc.get("job") or {}).get("facts_source") == "env":
             logs = SchedulerLogs(log_paths(cfg.collect.scheduler_logs), 16 << 20)
         try:
-            out[key] = retry.process(cfg, key, slurm=batched, open_store=open_store, retry_for_s=0, logs=logs,
+            out[key] = attempt.process(cfg, key, slurm=batched, open_store=open_store, retry_for_s=0, logs=logs,
                                      pending_only=True, sweep_comments=False)
         except Exception as err:  # noqa: BLE001 - one job's failure must not stop the others
             log.exception("job %s: worker could not process it: %s", key, err)
@@ -186,7 +187,7 @@ def _batch(cfg: Config, batched: Any, todo: list[dict[str, Any]], open_store: An
 def _after_run(cfg: Config, batched: Any, counts: Counter[str], open_store: Any) -> None:
     """Once per run, not per job: the comment queue and recent comments re-checked, the spool pruned."""
     from .. import gc
-    from ..postmortem import sweep_comment_queue
+    from .finish import sweep_comment_queue
 
     if counts.get("stored") and cfg.comment.enabled:
         try:

@@ -11,8 +11,8 @@ import logging
 import os
 from typing import Any
 
-from .. import config as config_mod
-from .. import intake, spool
+from .. import spool
+from . import intake
 
 log = logging.getLogger("slurm_attr")
 
@@ -22,18 +22,18 @@ def opted_out(env: dict[str, str]) -> bool:
     return env.get("SPANK_SATTR_ENABLED", "1").strip() == "0"
 
 
-def record_main(env: dict[str, str]) -> int:
-    """The ended job into the intake (the durable pending record), then a worker if none is free."""
+def record_main(cfg: Any, env: dict[str, str]) -> tuple[str, bool]:
+    """The ended job into the intake (the durable pending record): (key, recorded). ("", False):
+    nothing to do (a bad id, or the controller side turned off); (key, False): the record could
+    not be written and the facts went to the spool's job.json for an analysis outside the pool."""
     from ..collect.jobstate import facts_from_env
-    from . import pool
 
     job_id = env.get("SLURM_JOB_ID", "")
     if not spool.valid_job_id(job_id):
         log.error("controller epilog: bad SLURM_JOB_ID %r", job_id)
-        return 0
-    cfg = config_mod.load()
+        return "", False
     if not cfg.analysis.enabled:
-        return 0
+        return "", False
     job = facts_from_env(env)
     job["opted_out"] = opted_out(env)
     restart = env.get("SLURM_JOB_RESTART_COUNT", "")
@@ -41,14 +41,11 @@ def record_main(env: dict[str, str]) -> int:
     try:
         intake.record(cfg, key, job)
     except OSError as err:
-        # No pending record: the spool's job.json is the job's only trace; analyse it at once.
         log.error("job %s: could not record it as pending in %s (%s); analysing without a safety net",
                   job_id, cfg.intake.queue_dir, err)
         _facts_to_spool(cfg, key, job)
-        pool.spawn_single(key, env)
-        return 0
-    pool.kick(cfg, env)
-    return 0
+        return key, False
+    return key, True
 
 
 def _facts_to_spool(cfg: Any, key: str, job: dict[str, Any]) -> None:

@@ -208,7 +208,7 @@ def test_reanalyze_reruns_finish_job_on_the_stored_bundle(env, monkeypatch):
         calls.append((path, cfg.analysis.node_wait_s))
         return Verdict(job_id="40", cause="gpu_hardware", summary="now we know")
 
-    import slurm_attr.postmortem as pm
+    import slurm_attr.pipeline.finish as pm
 
     monkeypatch.setattr(pm, "finish_job", fake_finish)
     res = env.run("reanalyze", "40")

@@ -1,6 +1,7 @@
 import os
 
 from slurm_attr.collect import controller
+from slurm_attr.collect import jobstate
 from slurm_attr.slurm.cli import parse_oneliner
 
 # A real `scontrol -o show job` record from the test cluster, inside EpilogSlurmctld.
@@ -21,7 +22,7 @@ def test_parse_oneliner_keeps_values_with_spaces():
 
 
 def test_job_facts():
-    facts = controller.job_facts(parse_oneliner(REC))
+    facts = jobstate.job_facts(parse_oneliner(REC))
     assert facts["job_id"] == "3" and facts["user"] == "alice" and facts["uid"] == 1001
     assert facts["nodes"] == ["n1", "n2"]
     assert facts["exit_code"] == 3 and facts["signal"] == 0
@@ -32,11 +33,11 @@ def test_job_facts():
 
 def test_array_task_id():
     rec = parse_oneliner(REC.replace("JobId=3 ", "JobId=3 ArrayJobId=2 ArrayTaskId=7 "))
-    assert controller.job_facts(rec)["job_id"] == "2_7"
+    assert jobstate.job_facts(rec)["job_id"] == "2_7"
 
 
 def test_derive_state():
-    d = controller.derive_state
+    d = jobstate.derive_state
     assert d("COMPLETING", "TimeLimit", 0, 0, None) == ("TIMEOUT", "reason")
     assert d("COMPLETING", "None", 0, 0, "CANCELLED by 0") == ("CANCELLED", "sacct")
     assert d("COMPLETING", "None", 0, 0, "PENDING") == (None, "unknown")
@@ -47,7 +48,7 @@ def test_derive_state():
 
 def test_refresh_state_from_sacct():
     job = {"state": None, "state_source": "unknown"}
-    controller.refresh_state(job, {"State": "CANCELLED by 1001", "ExitCode": "0:15"})
+    jobstate.refresh_state(job, {"State": "CANCELLED by 1001", "ExitCode": "0:15"})
     assert job["state"] == "CANCELLED" and job["signal"] == 15 and job["cancelled_by_uid"] == "1001"
 
 
@@ -75,5 +76,5 @@ def test_scheduler_lines_only_about_this_job(tmp_path):
 
 def test_refresh_fills_nodes_from_accounting():
     job = {"nodes": []}
-    controller.refresh_state(job, {"State": "FAILED", "ExitCode": "1:0", "NodeList": "n[2-3]"})
+    jobstate.refresh_state(job, {"State": "FAILED", "ExitCode": "1:0", "NodeList": "n[2-3]"})
     assert job["nodes"] == ["n2", "n3"]

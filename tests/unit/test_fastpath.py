@@ -74,7 +74,7 @@ def test_fatal_xid_drains_this_node_and_records_fast_decision(tmp_path, fake_cat
     assert slurm.drained() == ["n2"] and slurm.reason("n2").startswith("SATTR: gpu_hardware xid79")
     assert store.actions("1234") == []  # the fast path never touches the database
     # The central side records it from Slurm's reason (its timestamp feeds the breaker's ledger).
-    from slurm_attr import reconcile
+    from slurm_attr.pipeline import reconcile
 
     reconcile.record_fast(store, "1234", reconcile.fast_decisions("", {"job_id": "1234", "nodes": ["n2", "n3"]},
                                                                   slurm, store))

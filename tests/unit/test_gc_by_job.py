@@ -9,7 +9,8 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from slurm_attr import access, gc, intake
+from slurm_attr import access, gc
+from slurm_attr.pipeline import intake
 from slurm_attr.cli import main
 from slurm_attr.store import Store
 

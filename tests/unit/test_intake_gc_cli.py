@@ -8,7 +8,8 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from slurm_attr import access, gc, intake, retry
+from slurm_attr import access, gc
+from slurm_attr.pipeline import attempt, intake
 from slurm_attr.cli import main
 from slurm_attr.store import Store
 
@@ -120,8 +121,8 @@ def test_retry_command_attempts_due_jobs(cli, cfg, monkeypatch):
         intake.record(cfg, "80", {"job_id": "80"})
     intake.record(cfg, "81", {"job_id": "81"})  # near miss: just ended, its own analyser's
     calls = []
-    monkeypatch.setattr(retry, "process", lambda c, key, **k: calls.append(key) or "stored")
-    monkeypatch.setattr("slurm_attr.reconcile.reconcile_all", lambda store, slurm: 0)
+    monkeypatch.setattr(attempt, "process", lambda c, key, **k: calls.append(key) or "stored")
+    monkeypatch.setattr("slurm_attr.pipeline.reconcile.reconcile_all", lambda store, slurm: 0)
     out = cli("retry", "--json")
     assert out.exit_code == 0, out.output
     assert json.loads(out.output)["attempted"] == {"80": "stored"} and calls == ["80"]

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from slurm_attr import intake
+from slurm_attr.pipeline import intake
 from slurm_attr.config import Config
 
 

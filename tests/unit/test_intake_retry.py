@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from slurm_attr import intake, postmortem, retry
+from slurm_attr.pipeline import attempt, finish, intake, settle
 from slurm_attr import store as store_mod
 from slurm_attr.config import Config
 from slurm_attr.errors import SlurmUnavailable
@@ -54,7 +54,7 @@ def cfg(tmp_path, monkeypatch):
     c.intake.queue_dir = str(tmp_path / "q")
     c.analysis.node_wait_s = 0.0
     c.drain.max_partition_percent = 100.0
-    monkeypatch.setattr(postmortem, "SACCT_SETTLE_S", 0.0)
+    monkeypatch.setattr(settle, "SACCT_SETTLE_S", 0.0)
     monkeypatch.setattr(store_mod, "BUSY_TIMEOUT_MS", 100)  # a locked write fails in 0.1 s, not 10
     return c
 
@@ -62,7 +62,7 @@ def cfg(tmp_path, monkeypatch):
 def _job(cfg, key="100", kernel: str | None = None, job_json=True):
     facts = {"job_id": key, "slurm_job_id": key, "nodes": ["n1"], "user": "alice", "uid": 1000,
              "state": None, "exit_code": 0, "signal": 0}
-    bdir = postmortem.bundle_for(cfg, key)
+    bdir = finish.bundle_for(cfg, key)
     if job_json:
         import os
 
@@ -84,7 +84,7 @@ def _stored(cfg, job_id):
 
 def test_plain_job_is_stored_and_leaves_the_queue(cfg):
     _job(cfg)
-    assert retry.process(cfg, "100", slurm=JobSlurm()) == "stored"
+    assert attempt.process(cfg, "100", slurm=JobSlurm()) == "stored"
     assert _stored(cfg, "100").cause == "none" and intake.load(cfg, "100") is None
 
 
@@ -99,7 +99,7 @@ def test_locked_database_is_retried_not_fatal(cfg):
         errors.append(intake.load(cfg, "100")["last_error"])
         holder.execute("COMMIT")
 
-    assert retry.process(cfg, "100", slurm=JobSlurm(), sleep=sleep, retry_for_s=60) == "stored"
+    assert attempt.process(cfg, "100", slurm=JobSlurm(), sleep=sleep, retry_for_s=60) == "stored"
     assert errors and "database is locked" in errors[0]
     v = _stored(cfg, "100")
     assert v.cause == "none" and intake.load(cfg, "100") is None
@@ -111,14 +111,14 @@ def test_locked_past_the_retry_window_stays_pending_then_a_retry_stores_it(cfg):
     _job(cfg)
     holder = sqlite3.connect(cfg.paths.database, isolation_level=None)
     holder.execute("BEGIN EXCLUSIVE")
-    assert retry.process(cfg, "100", slurm=JobSlurm(), retry_for_s=0) == "pending"
+    assert attempt.process(cfg, "100", slurm=JobSlurm(), retry_for_s=0) == "pending"
     doc = intake.load(cfg, "100")
     assert doc["attempts"] == 1 and "database is locked" in doc["last_error"]
     holder.execute("COMMIT")
     holder.close()
     with pytest.raises(Exception):
         _stored(cfg, "100")
-    assert retry.retry_due(cfg, slurm=JobSlurm(), everything=True) == {"100": "stored"}
+    assert attempt.retry_due(cfg, slurm=JobSlurm(), everything=True) == {"100": "stored"}
     assert _stored(cfg, "100").cause == "none"
 
 
@@ -126,7 +126,7 @@ def test_accounting_down_takes_the_state_from_slurmctld(cfg):
     _job(cfg)
     slurm = JobSlurm(ctl_state="COMPLETED")
     slurm.accounting_down = True
-    assert retry.process(cfg, "100", slurm=slurm) == "stored"
+    assert attempt.process(cfg, "100", slurm=slurm) == "stored"
     v = _stored(cfg, "100")
     assert v.cause == "none"
     assert any(c.source == "accounting" and c.status == "error" for c in v.coverage)
@@ -136,12 +136,12 @@ def test_accounting_down_and_slurmctld_undecided_is_never_stored_as_unknown(cfg)
     _job(cfg)
     slurm = JobSlurm(ctl_state=None)  # slurmctld forgot the job (MinJobAge), accounting down
     slurm.accounting_down = True
-    assert retry.process(cfg, "100", slurm=slurm) == "pending"
+    assert attempt.process(cfg, "100", slurm=slurm) == "pending"
     assert "accounting unavailable" in intake.load(cfg, "100")["last_error"]
     with pytest.raises(Exception):
         _stored(cfg, "100")
     slurm.accounting_down = False  # accounting answers again: re-analysed
-    assert retry.retry_due(cfg, slurm=slurm, everything=True) == {"100": "stored"}
+    assert attempt.retry_due(cfg, slurm=slurm, everything=True) == {"100": "stored"}
     assert _stored(cfg, "100").cause == "none"
 
 
@@ -152,9 +152,9 @@ def test_timeout_stores_a_partial_verdict_with_the_kernel_finding(cfg, monkeypat
     def slow(*a, **k):
         time.sleep(5)
 
-    monkeypatch.setattr(postmortem, "run_bundle", slow)
+    monkeypatch.setattr(finish, "run_bundle", slow)
     failed = JobSlurm(sacct_state="FAILED", ctl_state="FAILED", exit_code="1:0")
-    assert retry.process(cfg, "100", slurm=failed) == "partial"
+    assert attempt.process(cfg, "100", slurm=failed) == "partial"
     v = _stored(cfg, "100")
     assert v.cause == "gpu_hardware" and v.culprit_nodes == ["n1"], v.coverage
     cov = [c for c in v.coverage if c.source == "analysis"]
@@ -163,9 +163,9 @@ def test_timeout_stores_a_partial_verdict_with_the_kernel_finding(cfg, monkeypat
     assert doc["partial_stored"] and "timed out" in doc["last_error"]
     # The fault clears: a retry replaces the partial verdict with the full one.
     monkeypatch.undo()
-    monkeypatch.setattr(postmortem, "SACCT_SETTLE_S", 0.0)
+    monkeypatch.setattr(settle, "SACCT_SETTLE_S", 0.0)
     cfg.analysis.timeout_s = 120
-    assert retry.retry_due(cfg, slurm=failed, everything=True) == {"100": "stored"}
+    assert attempt.retry_due(cfg, slurm=failed, everything=True) == {"100": "stored"}
     v2 = _stored(cfg, "100")
     assert v2.cause == "gpu_hardware" and not [c for c in v2.coverage if c.source == "analysis"]
     assert intake.load(cfg, "100") is None
@@ -177,8 +177,8 @@ def test_crash_of_a_completed_job_stores_none_not_unknown(cfg, monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("analyser bug")
 
-    monkeypatch.setattr(postmortem, "run_bundle", boom)
-    assert retry.process(cfg, "100", slurm=JobSlurm()) == "partial"
+    monkeypatch.setattr(finish, "run_bundle", boom)
+    assert attempt.process(cfg, "100", slurm=JobSlurm()) == "partial"
     v = _stored(cfg, "100")
     # The state was settled (sacct: COMPLETED) before the crash: the partial says so, never `unknown`.
     assert v.cause == "none"
@@ -187,7 +187,7 @@ def test_crash_of_a_completed_job_stores_none_not_unknown(cfg, monkeypatch):
 
 def test_job_without_a_bundle_is_analysed_from_its_pending_facts(cfg):
     _job(cfg, job_json=False)
-    assert retry.process(cfg, "100", slurm=JobSlurm()) == "stored"
+    assert attempt.process(cfg, "100", slurm=JobSlurm()) == "stored"
     v = _stored(cfg, "100")
     assert v.cause == "none"
     assert any(c.source == "spool" and c.status == "missing" for c in v.coverage)
@@ -201,14 +201,14 @@ def test_a_second_analyser_of_the_same_job_stands_aside(cfg):
         import threading
 
         out = []
-        t = threading.Thread(target=lambda: out.append(retry.transient(RuntimeError("x"))))
+        t = threading.Thread(target=lambda: out.append(attempt.transient(RuntimeError("x"))))
         t.start(); t.join()
         # claim() is per process+fd: a second claim from here is refused while held.
         with intake.claim(cfg, "100") as again:
             assert again is False
     assert out == [False]
-    assert retry.transient(sqlite3.OperationalError("database is locked"))
-    assert not retry.transient(sqlite3.OperationalError("no such table: x"))
+    assert attempt.transient(sqlite3.OperationalError("database is locked"))
+    assert not attempt.transient(sqlite3.OperationalError("no such table: x"))
 
 
 def test_spool_lost_the_kernel_window_the_drain_reason_carries_the_finding(cfg):
@@ -217,7 +217,7 @@ def test_spool_lost_the_kernel_window_the_drain_reason_carries_the_finding(cfg):
     _job(cfg, job_json=False)
     slurm = JobSlurm(sacct_state="FAILED", ctl_state="FAILED", exit_code="1:0")
     slurm.drain("n1", "SATTR: gpu_hardware xid79 gpu3b:00 job 100")
-    assert retry.process(cfg, "100", slurm=slurm) == "stored"
+    assert attempt.process(cfg, "100", slurm=slurm) == "stored"
     v = _stored(cfg, "100")
     assert v.cause == "gpu_hardware" and v.culprit_nodes == ["n1"]
     assert [a.blocked_by for a in v.actions] == ["already drained"]
@@ -225,7 +225,7 @@ def test_spool_lost_the_kernel_window_the_drain_reason_carries_the_finding(cfg):
     assert {(r["path"], r["applied"], r["actor"]) for r in rows} == {("fast", 1, "slurm reason"), ("central", 0, "sattr")}
     # Near miss: another job's drain reason on the same node is not this job's finding.
     _job(cfg, key="101", job_json=False)
-    assert retry.process(cfg, "101", slurm=slurm) == "stored"
+    assert attempt.process(cfg, "101", slurm=slurm) == "stored"
     assert _stored(cfg, "101").cause != "gpu_hardware"
 
 
@@ -233,17 +233,17 @@ def test_a_failure_after_the_verdict_is_stored_never_replaces_it_with_a_partial(
     _job(cfg)
 
     def comment_timeout(*a, **k):
-        raise retry.AnalysisTimeout("analysis exceeded [analysis] timeout_s")
+        raise attempt.AnalysisTimeout("analysis exceeded [analysis] timeout_s")
 
-    monkeypatch.setattr(postmortem, "_write_comment_with_retries", comment_timeout)
-    assert retry.process(cfg, "100", slurm=JobSlurm()) == "stored"
+    monkeypatch.setattr(finish, "_write_comment_with_retries", comment_timeout)
+    assert attempt.process(cfg, "100", slurm=JobSlurm()) == "stored"
     v = _stored(cfg, "100")
     assert v.cause == "none" and not [c for c in v.coverage if c.source == "analysis"]
     assert intake.load(cfg, "100") is None
     # Near miss: the same timeout before the verdict is stored gives a partial one.
     _job(cfg, key="101")
-    monkeypatch.setattr(postmortem, "run_bundle", comment_timeout)
-    assert retry.process(cfg, "101", slurm=JobSlurm()) == "partial"
+    monkeypatch.setattr(finish, "run_bundle", comment_timeout)
+    assert attempt.process(cfg, "101", slurm=JobSlurm()) == "partial"
 
 
 def test_crash_with_the_kernel_window_lost_still_names_the_drained_gpu(cfg, monkeypatch):
@@ -256,14 +256,14 @@ def test_crash_with_the_kernel_window_lost_still_names_the_drained_gpu(cfg, monk
     def boom(*a, **k):
         raise ModuleNotFoundError("No module named 'slurm_attr.live'")
 
-    monkeypatch.setattr(postmortem, "run_bundle", boom)
-    assert retry.process(cfg, "100", slurm=slurm) == "partial"
+    monkeypatch.setattr(finish, "run_bundle", boom)
+    assert attempt.process(cfg, "100", slurm=slurm) == "partial"
     v = _stored(cfg, "100")
     assert v.cause == "gpu_hardware" and v.culprit_nodes == ["n1"]
     assert [(r["path"], r["applied"]) for r in Store(cfg.paths.database).actions("100")] == [("fast", 1)]
     # Near miss: without the drain reason the same crash gives no hardware verdict.
     _job(cfg, key="101", job_json=False)
-    assert retry.process(cfg, "101", slurm=JobSlurm(sacct_state="FAILED", ctl_state="FAILED",
+    assert attempt.process(cfg, "101", slurm=JobSlurm(sacct_state="FAILED", ctl_state="FAILED",
                                                     exit_code="1:0")) == "partial"
     assert _stored(cfg, "101").cause != "gpu_hardware"
 
@@ -272,17 +272,17 @@ def test_accounting_catching_up_without_a_final_state_asks_slurmctld(cfg):
     """After an outage slurmdbd answers but has no final state yet: slurmctld's word is taken."""
     _job(cfg)
     slurm = JobSlurm(sacct_state="RUNNING", ctl_state="COMPLETED")
-    assert retry.process(cfg, "100", slurm=slurm) == "stored"
+    assert attempt.process(cfg, "100", slurm=slurm) == "stored"
     v = _stored(cfg, "100")
     assert v.cause == "none" and Store(cfg.paths.database).job("100")["state"] == "COMPLETED"
     # Near miss: neither says the state -> not stored as `unknown`, left pending ...
     _job(cfg, key="101")
     undecided = JobSlurm(sacct_state="RUNNING", ctl_state=None)
-    assert retry.process(cfg, "101", slurm=undecided) == "pending"
+    assert attempt.process(cfg, "101", slurm=undecided) == "pending"
     assert "no final state" in intake.load(cfg, "101")["last_error"]
     with pytest.raises(Exception):
         _stored(cfg, "101")
     # ... until its last attempt, which stores what there is (partial over nothing).
     cfg.intake.max_attempts = 2
-    assert retry.retry_due(cfg, slurm=undecided, everything=True) == {"101": "stored"}
+    assert attempt.retry_due(cfg, slurm=undecided, everything=True) == {"101": "stored"}
     assert _stored(cfg, "101").cause == "unknown"

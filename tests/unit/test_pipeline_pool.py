@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from slurm_attr import intake, retry
+from slurm_attr.pipeline import attempt, intake
 from slurm_attr.config import load
 from slurm_attr.errors import SlurmUnavailable
 from slurm_attr.pipeline import pool
@@ -72,7 +72,7 @@ def test_one_batch_one_sacct_and_the_unsettled_job_waits_its_turn(cfg, monkeypat
             backend.rows["13"] = final
         intake.done(cfg_, key)
         return "stored"
-    monkeypatch.setattr(retry, "process", process)
+    monkeypatch.setattr(attempt, "process", process)
     monkeypatch.setattr(pool, "SETTLE_S", 0.3)
     monkeypatch.setattr(pool, "POLL_S", 0.05)
     fd = pool._take_slot(cfg)
@@ -111,6 +111,6 @@ def test_accounting_down_is_asked_once_per_batch(cfg):
 
 def test_a_job_another_worker_stored_is_not_analysed_again(cfg, monkeypatch):
     calls = []
-    monkeypatch.setattr("slurm_attr.postmortem.finish_job", lambda *a, **k: calls.append(a))
-    assert retry.process(cfg, "31", slurm=object(), pending_only=True) == "gone"
+    monkeypatch.setattr("slurm_attr.pipeline.finish.finish_job", lambda *a, **k: calls.append(a))
+    assert attempt.process(cfg, "31", slurm=object(), pending_only=True) == "gone"
     assert calls == []

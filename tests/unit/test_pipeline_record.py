@@ -1,10 +1,10 @@
 """EpilogSlurmctld only records (issue 23): the job's facts from the hook's own environment into
 the intake, no Slurm call, a worker started only when a slot is free; off when the site says so."""
-import json
 
 import pytest
 
-from slurm_attr import hooks, intake
+from slurm_attr import hooks
+from slurm_attr.pipeline import intake
 from slurm_attr.collect.jobstate import expand_output_path, facts_from_env
 from slurm_attr.config import load
 from slurm_attr.pipeline import pool

@@ -13,7 +13,7 @@ import types
 import pytest
 
 from slurm_attr import config
-from slurm_attr.collect import controller
+from slurm_attr.collect import jobstate
 from slurm_attr.errors import ConfigError, SlurmError, SlurmUnavailable
 from slurm_attr.slurm import pyslurm_backend as pb
 from slurm_attr.slurm import select
@@ -209,8 +209,8 @@ def test_sacct_row_has_the_cli_fields_and_formats():
     # what the analysis takes from it is what it takes from `sacct -P`
     from_cli = dict(zip(SACCT_FIELDS, f"41|41|sattrtest|debug|n[1-2]|FAILED|1:0|0:0|{row['Start']}|{row['End']}|"
                                       "00:01:05|UNLIMITED".split("|")))
-    a = controller.refresh_state({"job_id": "41"}, row)
-    b = controller.refresh_state({"job_id": "41"}, from_cli)
+    a = jobstate.refresh_state({"job_id": "41"}, row)
+    b = jobstate.refresh_state({"job_id": "41"}, from_cli)
     assert a == b and a["state"] == "FAILED" and a["nodes"] == ["n1", "n2"]
 
 

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from slurm_attr.retry import AnalysisTimeout, time_limit
+from slurm_attr.pipeline.attempt import AnalysisTimeout, time_limit
 
 
 class _Swallower:

@@ -2,6 +2,7 @@
 import os
 
 from slurm_attr.collect import controller, provenance
+from slurm_attr.collect import jobstate
 from slurm_attr.slurm.cli import parse_oneliner
 
 # A real 22.05.8 record shape (test cluster), with the user's comment placed where Slurm prints it.
@@ -31,7 +32,7 @@ class FakeSlurm:
 def test_a_comment_imitating_slurms_fields_is_not_read_as_them():
     raw = REC.format(name="train", comment="x UserId=root(0) Reason=NodeDown StartTime=2020-01-01T00:00:00")
     # What the generic parser alone makes of it: the user's words win.
-    naive = controller.job_facts(parse_oneliner(raw))
+    naive = jobstate.job_facts(parse_oneliner(raw))
     assert naive["uid"] == 0 and naive["state"] == "NODE_FAIL"
     facts = controller.fetch_job(FakeSlurm(raw), "31")
     assert "uid" not in facts and "user" not in facts  # the hook's SLURM_JOB_UID fills it

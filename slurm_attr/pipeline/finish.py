@@ -1,12 +1,11 @@
-"""After a job ended: wait for the node parts, analyse, store, act, comment.
+"""Stage: analyse the settled job and publish: wait for the node parts, analyse, store, act, comment.
 
-Started detached by EpilogSlurmctld so the job can finish COMPLETING while
-this runs. Each step degrades on its own: no accounting -> the state comes from
-slurmctld and the comment waits in the queue (or, when nothing tells the state,
-the job stays pending in the intake and is re-analysed once accounting answers:
-a COMPLETED job is never stored as `unknown`); a node that never delivered -> a
-coverage entry; a broken analyser -> coverage, not silence; the whole analysis
-timing out or crashing -> ``partial_verdict`` (hooks.py) from what is known.
+Run by a worker (pool.py) through attempt.py, so the job finishes COMPLETING while this runs.
+Each step degrades on its own: no accounting -> the state comes from slurmctld and the comment
+waits in the queue (or, when nothing tells the state, the job stays pending in the intake and is
+re-analysed once accounting answers: a COMPLETED job is never stored as `unknown`); a node that
+never delivered -> a coverage entry; a broken analyser -> coverage, not silence; the whole
+analysis timing out or crashing -> ``partial_verdict`` (attempt.py) from what is known.
 """
 from __future__ import annotations
 
@@ -17,79 +16,21 @@ import shutil
 import time
 from typing import Any
 
-from . import comment, spool
-from .analysis import run_bundle
-from .collect import controller
-from .config import Config
-from .errors import SattrError, SlurmError
-from .model import Coverage, Verdict
-from .slurm.base import SlurmAccess
-from .store import Store
+from .. import comment, spool
+from ..analysis import run_bundle
+from ..collect import controller
+from ..config import Config
+from ..errors import SattrError, SlurmError
+from ..model import Coverage, Verdict
+from ..slurm.base import SlurmAccess
+from ..store import Store
+from . import settle
 
 log = logging.getLogger("slurm_attr")
 
-# Accounting writes are asynchronous: the final state can lag the job's end by seconds.
-SACCT_SETTLE_S = 10.0
 # Each analysis re-checks the comments written this long ago at most (and this many).
 VERIFY_WINDOW_S = 3600.0
 VERIFY_LIMIT = 200
-
-
-def read_job_json(bundle_dir: str) -> dict[str, Any]:
-    try:
-        with open(os.path.join(bundle_dir, "job.json"), "rb") as f:
-            data = json.loads(f.read(1 << 20))
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-class AccountingPending(SattrError):
-    """Nothing tells the job's final state yet (accounting down, slurmctld undecided): not stored,
-    the intake keeps the job and it is re-analysed once accounting answers."""
-
-
-def _from_slurmctld(slurm: SlurmAccess, job: dict[str, Any], raw: str) -> dict[str, Any]:
-    """slurmctld's final state word (it keeps a finished job for MinJobAge) when accounting is down."""
-    if job.get("state_source") in ("sacct", "scontrol"):
-        return job
-    try:
-        rec = slurm.show_job(raw)
-    except SlurmError:
-        return job
-    if not rec:
-        return job
-    facts = controller.job_facts(rec)
-    if facts.get("state_source") == "scontrol" and facts.get("state"):
-        job = dict(job)
-        for k in ("state", "state_source", "exit_code", "signal", "end_time"):
-            if facts.get(k) is not None:
-                job[k] = facts[k]
-    return job
-
-
-def settle_state(slurm: SlurmAccess, job: dict[str, Any], deadline: float) -> tuple[dict[str, Any], str]:
-    """(job with the best final state there is, accounting's error or '').
-
-    Accounting's final word wins; while it is down, or still without a final state at the
-    deadline (slurmdbd catching up after an outage), slurmctld's final word is taken."""
-    raw = str(job.get("slurm_job_id") or job.get("job_id", ""))
-    while True:
-        try:
-            row = slurm.sacct_job(raw)
-        except SlurmError as err:
-            log.info("job %s: accounting not answering (%s); asking slurmctld", raw, err)
-            job = _from_slurmctld(slurm, job, raw)
-            if job.get("state_source") == "scontrol" or time.monotonic() >= deadline:
-                return job, str(err)[:300]
-            time.sleep(1.0)
-            continue
-        job = controller.refresh_state(job, row)
-        if job.get("state_source") == "sacct":
-            return job, ""
-        if time.monotonic() >= deadline:
-            return _from_slurmctld(slurm, job, raw), ""
-        time.sleep(0.5)
 
 
 def _analysis_dir(cfg: Config, bundle_dir: str) -> tuple[str, bool]:
@@ -113,17 +54,18 @@ def finish_job(cfg: Config, slurm: SlurmAccess, store: Store, bundle_dir: str,
     ``progress["stored"]`` turns true once the verdict is in the store (the caller then never
     replaces it with a partial one if a later step, e.g. the comment, fails). ``sweep_comments``:
     also retry queued comments and re-check recent ones (a worker does that once per batch)."""
-    from . import drain, reconcile
+    from .. import drain
+    from . import reconcile
 
     t0 = time.monotonic()
-    job = read_job_json(bundle_dir) or dict(job_facts or {})
+    job = settle.read_job_json(bundle_dir) or dict(job_facts or {})
     nodes = [n for n in job.get("nodes") or [] if isinstance(n, str)]
     if os.path.isdir(bundle_dir):
         missing = controller.wait_for_nodes(bundle_dir, nodes, t0 + cfg.analysis.node_wait_s)
         if missing:
             log.warning("job %s: no node part from %s after %.0fs", job.get("job_id"), ",".join(missing),
                         cfg.analysis.node_wait_s)
-    job, acct_err = settle_state(slurm, job, time.monotonic() + SACCT_SETTLE_S)
+    job, acct_err = settle.settle_state(slurm, job, time.monotonic() + settle.SACCT_SETTLE_S)
     try:
         with open(os.path.join(bundle_dir, "job.json"), "w") as f:
             json.dump(job, f, indent=1)
@@ -147,7 +89,7 @@ def finish_job(cfg: Config, slurm: SlurmAccess, store: Store, bundle_dir: str,
     if not job.get("state") and verdict.cause == "unknown" and not allow_unknown:
         # Never store a finished job as `unknown` only because its state was not known yet.
         why = f"accounting unavailable ({acct_err})" if acct_err else "no final state in accounting or slurmctld yet"
-        raise AccountingPending(f"job state unknown: {why}")
+        raise settle.AccountingPending(f"job state unknown: {why}")
     if acct_err:
         verdict.coverage.append(Coverage(source="accounting", status="error",
                                          detail=f"sacct failed ({acct_err}); state from slurmctld"[:300]))
@@ -199,13 +141,13 @@ def partial_verdict(cfg: Config, job: dict[str, Any], bundle_dir: str, failure: 
 
     Used when the analysis timed out or crashed. Reads only the nodes' kernel.log (bounded,
     the catalog without its inline cases); the coverage entry names the failure."""
-    from . import safefs
-    from .verdict import decide
+    from .. import safefs
+    from ..verdict import decide
 
     symptoms = list(extra or [])  # e.g. the fast path's finding from Slurm's reason (reconcile.py)
     cov = [Coverage(source="analysis", status="error", detail=f"partial verdict: {failure}"[:300])]
     try:
-        from .rules import build_catalog, extract_lines
+        from ..rules import build_catalog, extract_lines
 
         catalog = build_catalog(cfg.analysis.extra_rules or None, check=False)
         nodes_dir = os.path.join(bundle_dir, "nodes")
@@ -221,7 +163,7 @@ def partial_verdict(cfg: Config, job: dict[str, Any], bundle_dir: str, failure: 
             sym = rule.run(job)
             if sym is not None:
                 symptoms.append(sym)
-        from .rules.jobwide import refine
+        from ..rules.jobwide import refine
 
         refine(symptoms, job, catalog)
     except Exception as err:  # noqa: BLE001 - the partial verdict rests on the job state then
@@ -245,7 +187,7 @@ def _write_comment_with_retries(cfg: Config, slurm: SlurmAccess, store: Store, j
 
 def _publish_user_copy(cfg: Config, job: dict[str, Any], verdict: Verdict) -> None:
     # What `sattr <job>` shows the job's user (the database is root's, the Comment is theirs).
-    from . import usercopy
+    from .. import usercopy
 
     try:
         usercopy.publish(cfg, job, verdict)

@@ -1,5 +1,5 @@
-"""Run the analysis of pending jobs until their verdict is stored: the detached analyser,
-the next hook run, ``sattr retry`` and its timer all come through here.
+"""One attempt per pending job until its verdict is stored: the pool's workers, ``sattr retry``
+and its timer all come through here.
 
 Outcomes of one attempt:
 
@@ -22,9 +22,10 @@ import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
-from . import intake, spool
-from .config import Config
-from .errors import StoreError
+from .. import spool
+from ..config import Config
+from ..errors import StoreError
+from . import intake
 
 log = logging.getLogger("slurm_attr")
 
@@ -58,20 +59,20 @@ def time_limit(seconds: float) -> Iterator[None]:
 
 def transient(err: BaseException) -> bool:
     """Worth retrying soon: the verdict database busy or not openable right now."""
-    from .store import is_locked
+    from ..store import is_locked
 
     return isinstance(err, StoreError) or (isinstance(err, sqlite3.OperationalError) and is_locked(err)) or \
         is_locked(err)
 
 
 def _default_slurm(cfg: Config) -> Any:
-    from .slurm import from_config
+    from ..slurm import from_config
 
     return from_config(cfg, timeout=10)
 
 
 def _default_store(cfg: Config) -> Any:
-    from .store import Store
+    from ..store import Store
 
     return Store(cfg.paths.database)
 
@@ -84,7 +85,8 @@ def process(cfg: Config, key: str, slurm: Any = None, open_store: Callable[[Conf
     ``logs``: the daemon logs a worker read once for its batch (collect.controller.SchedulerLogs);
     ``pending_only``: a job no longer pending is done (another worker stored it), not re-recorded;
     ``sweep_comments``: the comment re-checks after the verdict (a worker does them once a batch)."""
-    from .postmortem import AccountingPending, finish_job, read_job_json
+    from .finish import finish_job
+    from .settle import AccountingPending, read_job_json
 
     open_store = open_store or _default_store
     slurm = slurm if slurm is not None else _default_slurm(cfg)
@@ -153,7 +155,7 @@ def process(cfg: Config, key: str, slurm: Any = None, open_store: Callable[[Conf
 def _controller_part(cfg: Config, key: str, bdir: str, facts: dict[str, Any], logs: Any) -> None:
     """The bundle's controller part (job.json, output tails, daemon lines), written by the analysis
     from the facts the hook recorded: the hook itself only records (issue 23)."""
-    from .collect import controller
+    from ..collect import controller
 
     try:
         if logs is None:
@@ -170,7 +172,7 @@ def _controller_part(cfg: Config, key: str, bdir: str, facts: dict[str, Any], lo
 
 def _earlier_failures(cfg: Config, key: str) -> list[Any]:
     """A coverage entry naming what delayed this verdict (the fault it was stored through)."""
-    from .model import Coverage
+    from ..model import Coverage
 
     doc = intake.load(cfg, key) or {}
     out = []
@@ -186,10 +188,10 @@ def _earlier_failures(cfg: Config, key: str) -> list[Any]:
 def _partial(cfg: Config, key: str, facts: dict[str, Any], bdir: str, store: Any,
              open_store: Callable[[Config], Any], failure: str, slurm: Any) -> str:
     """Store what is known (job state + trusted kernel findings) rather than nothing."""
-    from . import comment, reconcile
-    from .postmortem import partial_verdict, read_job_json
-
-    from .postmortem import settle_state
+    from .. import comment
+    from . import reconcile
+    from .finish import partial_verdict
+    from .settle import read_job_json, settle_state
 
     try:
         with time_limit(min(PARTIAL_TIMEOUT_S, max(5.0, cfg.analysis.timeout_s))):

@@ -13,10 +13,10 @@ import os
 import re
 from typing import Any
 
-from . import safefs
-from .errors import SlurmError, UnsafePath
-from .model import Action, Evidence, Symptom, domain_of
-from .slurmstate import NodeState, reason_job
+from .. import safefs
+from ..errors import SlurmError, UnsafePath
+from ..model import Action, Evidence, Symptom, domain_of
+from ..slurmstate import NodeState, reason_job
 
 log = logging.getLogger("slurm_attr")
 

@@ -6,7 +6,7 @@ the job's facts as slurmctld gave them, so an analysis can run even when the spo
 no job.json (full, read-only), plus since/attempts/last_error/next_try. The analyser
 removes it once the verdict and the comment (queued in the store) are stored; a failure
 leaves it with the error and a backoff, and the next hook run, ``sattr retry`` or a timer
-tries again. Nothing here imports the analysis: postmortem/hooks drive it.
+tries again. Nothing here imports the analysis: attempt.py drives it.
 """
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from . import spool
-from .config import Config
+from .. import spool
+from ..config import Config
 
 log = logging.getLogger("slurm_attr")
 

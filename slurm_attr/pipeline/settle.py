@@ -1,0 +1,80 @@
+"""Stage: settle the ended job's facts before the analysis: its bundle's job.json, and its final
+state from accounting (slurmctld's word while accounting is down).
+
+On 22.05 EpilogSlurmctld cannot see the final state word (the job is COMPLETING there); accounting
+writes it asynchronously, seconds after the end. A job nothing can tell the state of yet is not
+stored as `unknown`: AccountingPending leaves it in the intake for a later attempt.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Any
+
+from ..collect import jobstate
+from ..errors import SattrError, SlurmError
+from ..slurm.base import SlurmAccess
+
+log = logging.getLogger("slurm_attr")
+
+# Accounting writes are asynchronous: the final state can lag the job's end by seconds.
+SACCT_SETTLE_S = 10.0
+
+
+def read_job_json(bundle_dir: str) -> dict[str, Any]:
+    try:
+        with open(os.path.join(bundle_dir, "job.json"), "rb") as f:
+            data = json.loads(f.read(1 << 20))
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+class AccountingPending(SattrError):
+    """Nothing tells the job's final state yet (accounting down, slurmctld undecided): not stored,
+    the intake keeps the job and it is re-analysed once accounting answers."""
+
+
+def _from_slurmctld(slurm: SlurmAccess, job: dict[str, Any], raw: str) -> dict[str, Any]:
+    """slurmctld's final state word (it keeps a finished job for MinJobAge) when accounting is down."""
+    if job.get("state_source") in ("sacct", "scontrol"):
+        return job
+    try:
+        rec = slurm.show_job(raw)
+    except SlurmError:
+        return job
+    if not rec:
+        return job
+    facts = jobstate.job_facts(rec)
+    if facts.get("state_source") == "scontrol" and facts.get("state"):
+        job = dict(job)
+        for k in ("state", "state_source", "exit_code", "signal", "end_time"):
+            if facts.get(k) is not None:
+                job[k] = facts[k]
+    return job
+
+
+def settle_state(slurm: SlurmAccess, job: dict[str, Any], deadline: float) -> tuple[dict[str, Any], str]:
+    """(job with the best final state there is, accounting's error or '').
+
+    Accounting's final word wins; while it is down, or still without a final state at the
+    deadline (slurmdbd catching up after an outage), slurmctld's final word is taken."""
+    raw = str(job.get("slurm_job_id") or job.get("job_id", ""))
+    while True:
+        try:
+            row = slurm.sacct_job(raw)
+        except SlurmError as err:
+            log.info("job %s: accounting not answering (%s); asking slurmctld", raw, err)
+            job = _from_slurmctld(slurm, job, raw)
+            if job.get("state_source") == "scontrol" or time.monotonic() >= deadline:
+                return job, str(err)[:300]
+            time.sleep(1.0)
+            continue
+        job = jobstate.refresh_state(job, row)
+        if job.get("state_source") == "sacct":
+            return job, ""
+        if time.monotonic() >= deadline:
+            return _from_slurmctld(slurm, job, raw), ""
+        time.sleep(0.5)

@@ -132,7 +132,7 @@ def burst(env: dict[str, str], tasks: int, on: bool) -> dict[str, object]:
     sampler.start()
     t0, m0 = time.time(), time.monotonic()
     arr = subprocess.run(["su", "sattrtest", "-c",
-                          f"cd /tmp && sbatch --parsable -Q -N1 -t 5 --array=0-{tasks - 1} -o {outdir}/%A_%a.out "
+                          f"cd /tmp && sbatch --parsable -N1 -t 5 --array=0-{tasks - 1} -o {outdir}/%A_%a.out "
                           "--wrap 'exit $((SLURM_ARRAY_TASK_ID % 2))'"],
                          capture_output=True, text=True, env=env, check=True).stdout.strip().split(";")[0]
     while subprocess.run(["squeue", "-h", "-r", "-j", arr, "-o", "%i"], capture_output=True, text=True,

@@ -45,7 +45,7 @@ install:
 
 uninstall:
 	rm -rf $(DESTDIR)$(SITE_VENV) $(DESTDIR)$(PREFIX)/local/bin/sattr
-	rm -f $(DESTDIR)$(LIBEXEC)/epilog.sh $(DESTDIR)$(LIBEXEC)/epilog_slurmctld.sh $(DESTDIR)$(LIBEXEC)/live_watch.sh $(DESTDIR)$(LIBEXEC)/sattr-comment
+	rm -f $(DESTDIR)$(LIBEXEC)/epilog.sh $(DESTDIR)$(LIBEXEC)/epilog_slurmctld.sh $(DESTDIR)$(LIBEXEC)/live_watch.sh $(DESTDIR)$(LIBEXEC)/sattr-comment $(DESTDIR)$(LIBEXEC)/sattr-record
 	rm -f $(DESTDIR)/usr/lib/x86_64-linux-gnu/slurm-wlm/slurm_attr.so $(DESTDIR)/usr/lib/slurm-attr/libnccl-profiler-sattr.so
 
 # Each stage runs even when an earlier one failed, so one run reports everything; the

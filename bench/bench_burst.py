@@ -85,20 +85,27 @@ class Sampler(threading.Thread):
                 last_q = now
                 subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, env=self.env)
                 self.squeue.append(time.monotonic() - now)
-            hooks = workers = 0
-            for d in os.listdir("/proc"):
-                if not d.isdigit():
-                    continue
-                try:
-                    cmd = Path(f"/proc/{d}/cmdline").read_bytes()
-                except OSError:
-                    continue
-                if b"slurm_attr.hooks\0work" in cmd or b"slurm_attr.hooks\0analyze" in cmd:
-                    workers += 1
-                elif b"slurm_attr.hooks\0controller" in cmd:
-                    hooks += 1
-            self.procs.append((hooks, workers))
+            self.procs.append(count_processes())
             self.stop.wait(0.1)
+
+
+def count_processes() -> tuple[int, int]:
+    """(controller hooks, analysis workers) alive now. A worker is counted once per session: the
+    sacct it forks carries the worker's command line until it execs."""
+    hooks, sessions = 0, set()
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{d}/cmdline").read_bytes()
+            sid = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[3]
+        except (OSError, IndexError):
+            continue
+        if b"slurm_attr.hooks\0work" in cmd or b"slurm_attr.hooks\0analyze" in cmd:
+            sessions.add(sid)
+        elif b"slurm_attr.hooks\0controller" in cmd or cmd.startswith(b"/") and b"sattr-record" in cmd:
+            hooks += 1
+    return hooks, len(sessions)
 
 
 def hook_times(since: float, until: float) -> list[float]:
@@ -131,11 +138,14 @@ def burst(env: dict[str, str], tasks: int, on: bool) -> dict[str, object]:
     sampler = Sampler(env)
     sampler.start()
     t0, m0 = time.time(), time.monotonic()
-    arr = subprocess.run(["su", "sattrtest", "-c",
-                          f"cd /tmp && sbatch --parsable -N1 -t 5 --array=0-{tasks - 1} -o {outdir}/%A_%a.out "
-                          "--wrap 'exit $((SLURM_ARRAY_TASK_ID % 2))'"],
-                         capture_output=True, text=True, env=env, check=True).stdout.strip().split(";")[0]
-    while subprocess.run(["squeue", "-h", "-r", "-j", arr, "-o", "%i"], capture_output=True, text=True,
+    arrays = []
+    for first in range(0, tasks, 1000):  # Slurm's default MaxArraySize is 1001
+        last = min(tasks, first + 1000) - 1
+        arrays.append(subprocess.run(
+            ["su", "sattrtest", "-c", f"cd /tmp && sbatch --parsable -N1 -t 5 --array={first}-{last} "
+             f"-o {outdir}/%A_%a.out --wrap 'exit $((SLURM_ARRAY_TASK_ID % 2))'"],
+            capture_output=True, text=True, env=env, check=True).stdout.strip().split(";")[0])
+    while subprocess.run(["squeue", "-h", "-r", "-j", ",".join(arrays), "-o", "%i"], capture_output=True, text=True,
                          env=env).stdout.strip():
         time.sleep(1.0)
     ended, t_end = time.monotonic(), time.time()
@@ -144,12 +154,15 @@ def burst(env: dict[str, str], tasks: int, on: bool) -> dict[str, object]:
         db = tomllib.loads(CONFIG.read_text())["paths"]["database"]
         while time.monotonic() - ended < 900:
             with contextlib.closing(sqlite3.connect(db, timeout=30)) as c:
-                n = c.execute("select count(*) from verdicts where job_id like ?", [f"{arr}_%"]).fetchone()[0]
+                n = sum(c.execute("select count(*) from verdicts where job_id like ?", [f"{a}_%"]).fetchone()[0]
+                        for a in arrays)
             if n >= tasks:
                 stored_at = time.monotonic()
                 break
             time.sleep(0.5)
-    time.sleep(2.0)  # the last workers' comment sweep and exit
+    quiet = time.monotonic() + 60  # the last workers' comment sweep, retention pass and exit
+    while time.monotonic() < quiet and count_processes()[1]:
+        time.sleep(0.2)
     sampler.stop.set()
     sampler.join()
     after = sdiag(env)
@@ -157,13 +170,13 @@ def burst(env: dict[str, str], tasks: int, on: bool) -> dict[str, object]:
     rpcs = {k: v for k, v in rpcs.items() if v[0] > 0}
     comments = 0
     if on:
-        out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", arr, "-o", "Comment%300"], capture_output=True,
+        out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", ",".join(arrays), "-o", "Comment%300"], capture_output=True,
                              text=True, env=env).stdout
         comments = sum("sattr1:" in ln.lower() for ln in out.splitlines())
     hooks = hook_times(t0, t_end + 5)
     cpu, workers, last = worker_cpu(t0) if on else (0.0, 0, "")
     q = sorted(sampler.squeue)
-    return {"array": arr, "burst_s": ended - m0, "stored_after_end_s": (stored_at - ended) if stored_at else None,
+    return {"arrays": arrays, "burst_s": ended - m0, "stored_after_end_s": (stored_at - ended) if stored_at else None,
             "comments": comments, "peak_workers": max((w for _h, w in sampler.procs), default=0),
             "peak_hooks": max((h for h, _w in sampler.procs), default=0),
             "peak_python": max((h + w for h, w in sampler.procs), default=0),

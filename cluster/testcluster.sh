@@ -172,6 +172,7 @@ write_config() {
         cat > "$BASE/hooks/$hook.new" <<EOF
 #!/bin/sh
 export SLURM_ATTR_CONFIG=$BASE/etc/slurm_attr.toml SLURM_ATTR_PYTHON=$PY SLURM_CONF=$CONF
+export SLURM_ATTR_RECORD=$BASE/lib/sattr-record
 export SLURM_ATTR_LOG_FILE=$BASE/log/sattr-$hook.log
 # The test cluster also records each hook's wall time (bench/bench_epilog.py reads it).
 t0=\$(date +%s.%N)
@@ -440,7 +441,7 @@ up() {
     # Installed like `make install` would: a root-owned, world-readable place (the probe is
     # loaded by the job's own processes, which may not be able to read the checkout).
     mkdir -p "$BASE/lib"
-    for so in slurm_attr.so libnccl-profiler-sattr.so sattr-comment; do
+    for so in slurm_attr.so libnccl-profiler-sattr.so sattr-comment sattr-record; do
         if [ -f "$REPO/spank/build/$so" ] && ! cmp -s "$REPO/spank/build/$so" "$BASE/lib/$so"; then
             install -m 0755 "$REPO/spank/build/$so" "$BASE/lib/$so.new" && mv "$BASE/lib/$so.new" "$BASE/lib/$so"
         fi

@@ -8,6 +8,12 @@ export SLURM_CONF=${SLURM_CONF:-/etc/slurm/slurm.conf}
 # `make install` puts slurm-attr in a venv of its own (Debian's python3 refuses system-wide pip).
 PY=${SLURM_ATTR_PYTHON:-/opt/slurm-attr/bin/python}
 [ -x "$PY" ] || PY=python3
+# The native front records the job and starts a worker in a few milliseconds (spank/tools/
+# sattr_record.c); it hands anything it cannot do itself to the Python hook below.
+REC=${SLURM_ATTR_RECORD:-/usr/libexec/slurm-attr/sattr-record}
+if [ -x "$REC" ]; then
+    SLURM_ATTR_PYTHON=$PY exec "$REC"
+fi
 LIMIT=${SLURM_ATTR_EPILOG_TIMEOUT:-40}
 TAG="slurm_attr[${SLURM_JOB_ID:-?}]"
 

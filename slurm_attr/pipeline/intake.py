@@ -25,6 +25,8 @@ from ..config import Config
 log = logging.getLogger("slurm_attr")
 
 MAX_ENTRY_BYTES = 1 << 20  # a pending file is job facts and an error line: small
+# A job the C front (sattr-record) recorded and no worker has read yet: its hook environment.
+ENV_SUFFIX = ".env"
 BACKOFF_START_S = 5.0
 
 
@@ -164,7 +166,13 @@ def entries(cfg: Config) -> list[dict[str, Any]]:
 
 
 def keys(cfg: Config) -> set[str]:
-    return {d["key"] for d in entries(cfg)}
+    """Every pending job's key, those only in the C front's records too (never pruned as done)."""
+    try:
+        raw = {n[:-len(ENV_SUFFIX)] for n in os.listdir(cfg.intake.queue_dir)
+               if n.endswith(ENV_SUFFIX) and not n.startswith(".")}
+    except OSError:
+        raw = set()
+    return {d["key"] for d in entries(cfg)} | {k for k in raw if valid_key(k)}
 
 
 def due(cfg: Config, now: float | None = None) -> list[dict[str, Any]]:

@@ -22,7 +22,7 @@ from collections import Counter
 from typing import Any
 
 from .. import spool
-from . import intake
+from . import intake, record
 from ..config import Config
 
 log = logging.getLogger("slurm_attr")
@@ -117,9 +117,9 @@ def _ready(cfg: Config, doc: dict[str, Any], now: float) -> bool | None:
         return False
     if now - float(doc.get("since") or 0) >= cfg.analysis.node_wait_s:
         return True
+    # No bundle dir yet is "not yet" too: the node epilogs run beside this hook, not before it.
     nodes = [n for n in (doc.get("job") or {}).get("nodes") or [] if isinstance(n, str)]
-    bdir = spool.bundle_dir(cfg.paths.spool, doc["key"])
-    return True if not os.path.isdir(bdir) or _nodes_in(bdir, nodes) else None
+    return True if _nodes_in(spool.bundle_dir(cfg.paths.spool, doc["key"]), nodes) else None
 
 
 def _raw_id(doc: dict[str, Any]) -> str:
@@ -135,6 +135,7 @@ def work(cfg: Config, fd: int, slurm: Any = None, open_store: Any = None) -> Cou
     batched = Batched(slurm if slurm is not None else from_config(cfg, timeout=10))
     counts: Counter[str] = Counter()
     while True:
+        record.ingest(cfg)  # what the C front recorded since the last look
         now = time.time()
         docs = intake.entries(cfg)
         states = [(d, _ready(cfg, d, now)) for d in docs]
@@ -150,6 +151,7 @@ def work(cfg: Config, fd: int, slurm: Any = None, open_store: Any = None) -> Cou
             time.sleep(POLL_S)
             continue
         os.close(fd)  # nothing left: the slot goes back, then one more look (see the module doc)
+        record.ingest(cfg)
         if not any(_ready(cfg, d, time.time()) is not False for d in intake.entries(cfg)):
             break
         got = _take_slot(cfg)
@@ -180,6 +182,10 @@ def _batch(cfg: Config, batched: Any, todo: list[dict[str, Any]], open_store: An
                                      pending_only=True, sweep_comments=False)
         except Exception as err:  # noqa: BLE001 - one job's failure must not stop the others
             log.exception("job %s: worker could not process it: %s", key, err)
+            try:  # counted and backed off, or the next look would take it again at once
+                intake.failed(cfg, key, f"worker: {type(err).__name__}: {err}")
+            except OSError:
+                pass
             out[key] = "error"
     return out
 

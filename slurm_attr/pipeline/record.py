@@ -26,26 +26,78 @@ def record_main(cfg: Any, env: dict[str, str]) -> tuple[str, bool]:
     """The ended job into the intake (the durable pending record): (key, recorded). ("", False):
     nothing to do (a bad id, or the controller side turned off); (key, False): the record could
     not be written and the facts went to the spool's job.json for an analysis outside the pool."""
-    from ..collect.jobstate import facts_from_env
+    try:
+        key = record_facts(cfg, env)
+    except OSError as err:
+        key = _key(env)
+        log.error("job %s: could not record it as pending in %s (%s); analysing without a safety net",
+                  key, cfg.intake.queue_dir, err)
+        _facts_to_spool(cfg, key, _facts(env))
+        return key, False
+    return key, bool(key)
 
+
+def record_facts(cfg: Any, env: dict[str, str]) -> str:
+    """Write the pending record from a hook environment; its key, or "" when there is nothing to
+    record (a bad job id, the controller side turned off). OSError when it cannot be written."""
     job_id = env.get("SLURM_JOB_ID", "")
     if not spool.valid_job_id(job_id):
         log.error("controller epilog: bad SLURM_JOB_ID %r", job_id)
-        return "", False
+        return ""
     if not cfg.analysis.enabled:
-        return "", False
+        return ""
+    key = _key(env)
+    intake.record(cfg, key, _facts(env))
+    return key
+
+
+def _key(env: dict[str, str]) -> str:
+    restart = env.get("SLURM_JOB_RESTART_COUNT", "")
+    return spool.bundle_key(env.get("SLURM_JOB_ID", ""), int(restart) if restart.isdigit() else 0)
+
+
+def _facts(env: dict[str, str]) -> dict[str, Any]:
+    from ..collect.jobstate import facts_from_env
+
     job = facts_from_env(env)
     job["opted_out"] = opted_out(env)
-    restart = env.get("SLURM_JOB_RESTART_COUNT", "")
-    key = spool.bundle_key(job_id, int(restart) if restart.isdigit() else 0)
+    return job
+
+
+def parse_env_record(data: bytes) -> dict[str, str]:
+    """The C front's record: NUL-separated NAME=value, only the SLURM_* and SPANK_SATTR_* names."""
+    out: dict[str, str] = {}
+    for item in data.split(b"\0"):
+        name, sep, value = item.partition(b"=")
+        key = name.decode("ascii", "replace")
+        if sep and key.startswith(("SLURM_", "SPANK_SATTR_")):
+            out[key] = value.decode("utf-8", "replace")
+    return out
+
+
+def ingest(cfg: Any) -> int:
+    """The C front's records (spank/tools/sattr_record.c: ``<key>.env``) into the intake's pending
+    records; returns how many. One that cannot be recorded now stays for the next look."""
+    qdir = cfg.intake.queue_dir
     try:
-        intake.record(cfg, key, job)
-    except OSError as err:
-        log.error("job %s: could not record it as pending in %s (%s); analysing without a safety net",
-                  job_id, cfg.intake.queue_dir, err)
-        _facts_to_spool(cfg, key, job)
-        return key, False
-    return key, True
+        names = sorted(n for n in os.listdir(qdir) if n.endswith(intake.ENV_SUFFIX) and not n.startswith("."))
+    except OSError:
+        return 0
+    done = 0
+    for name in names:
+        path = os.path.join(qdir, name)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            try:
+                data = os.read(fd, intake.MAX_ENTRY_BYTES + 1)
+            finally:
+                os.close(fd)
+            record_facts(cfg, parse_env_record(data[:intake.MAX_ENTRY_BYTES]))
+            os.unlink(path)
+            done += 1
+        except OSError as err:
+            log.warning("%s: not recorded yet (%s)", path, err)
+    return done
 
 
 def _facts_to_spool(cfg: Any, key: str, job: dict[str, Any]) -> None:

@@ -93,8 +93,24 @@ def test_a_job_waits_for_its_node_parts_but_not_past_node_wait(cfg, monkeypatch)
     assert pool._ready(cfg, intake.load(cfg, "21") | {"key": "21"}, now) is None
     assert pool._ready(cfg, intake.load(cfg, "22") | {"key": "22"}, now) is True
     assert pool._ready(cfg, intake.load(cfg, "23") | {"key": "23"}, now) is True
+    _pending(cfg, "24", nodes=["n1"], since=now)                            # no bundle dir yet
+    assert pool._ready(cfg, intake.load(cfg, "24") | {"key": "24"}, now) is None
+    assert pool._ready(cfg, intake.load(cfg, "24") | {"key": "24"}, now + 31) is True
     failed = intake.failed(cfg, "23", "database is locked")  # in its backoff: not this run's
     assert pool._ready(cfg, failed | {"key": "23"}, now) is False
+
+
+def test_a_job_the_worker_cannot_process_is_backed_off_not_spun_on(cfg, monkeypatch):
+    _pending(cfg, "41", since=time.time() - 60)
+    calls = []
+
+    def boom(cfg_, key, **kw):
+        calls.append(key)
+        raise RuntimeError("bug")
+    monkeypatch.setattr(attempt, "process", boom)
+    counts = pool.work(cfg, pool._take_slot(cfg), slurm=Acct({"41": {"State": "FAILED"}}), open_store=lambda c: None)
+    assert calls == ["41"] and counts["error"] == 1
+    assert intake.load(cfg, "41")["attempts"] == 1
 
 
 def test_accounting_down_is_asked_once_per_batch(cfg):

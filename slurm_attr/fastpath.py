@@ -43,13 +43,11 @@ def _catalog_api() -> tuple[Callable[..., Any], Callable[..., list[Symptom]]]:
     """(catalog loader, extract_lines). The loader skips the inline rule cases: running them
     is ~85% of a cold load (measured ~700 ms of ~850 ms in the test cluster's venv, against
     ~100 ms without), and they already run in CI, in every central analysis and in the rule
-    tests; an epilog must be quick."""
-    from .rules import build_catalog, extract_lines
+    tests; an epilog must be quick. The cached catalog (load_catalog): the ledger's scan in the
+    same epilog then reuses it instead of building a second one."""
+    from .rules import extract_lines, load_catalog
 
-    def load(extra_dir: str | None = None) -> Any:
-        return build_catalog(extra_dir, check=False)
-
-    return load, extract_lines
+    return load_catalog, extract_lines
 
 
 def _open_slurm(cfg: Config) -> Any:

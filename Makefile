@@ -96,9 +96,11 @@ bench: deps spank
 	$(PY) bench/bench_probe.py          # ns per callback, bytes per rank, 4096-rank analysis
 	$(PY) bench/accuracy/run.py         # verdict accuracy: generated incidents (tuning, held-out), fixtures, rule cases
 	$(PY) bench/bench_flightrec.py      # vs torchfrtrace (minutes: it is the slow one)
+	$(PY) bench/bench_bigjob.py --quick # big jobs; without --quick: 512/4096 nodes, 32,768 ranks (~30 min, ~20 GB in /tmp)
 
 bench-cluster: cluster-up
 	$(PY) bench/bench_epilog.py         # node epilog wall time, job end -> Comment
+	flock /var/lock/sattr-cluster.lock $(PY) bench/bench_burst.py --tasks 2000  # job-end burst, controller side off vs on
 
 docs: deps
 	$(VENV)/bin/sattr rules list --format markdown > docs/rules.md

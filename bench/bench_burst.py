@@ -139,10 +139,10 @@ def burst(env: dict[str, str], tasks: int, on: bool) -> dict[str, object]:
     sampler.start()
     t0, m0 = time.time(), time.monotonic()
     arrays = []
-    for first in range(0, tasks, 1000):  # Slurm's default MaxArraySize is 1001
-        last = min(tasks, first + 1000) - 1
+    for first in range(0, tasks, 1000):  # Slurm's default MaxArraySize 1001: indexes up to 1000
+        last = min(tasks, first + 1000) - 1 - first
         arrays.append(subprocess.run(
-            ["su", "sattrtest", "-c", f"cd /tmp && sbatch --parsable -N1 -t 5 --array={first}-{last} "
+            ["su", "sattrtest", "-c", f"cd /tmp && sbatch --parsable -N1 -t 5 --array=0-{last} "
              f"-o {outdir}/%A_%a.out --wrap 'exit $((SLURM_ARRAY_TASK_ID % 2))'"],
             capture_output=True, text=True, env=env, check=True).stdout.strip().split(";")[0])
     while subprocess.run(["squeue", "-h", "-r", "-j", ",".join(arrays), "-o", "%i"], capture_output=True, text=True,

@@ -23,6 +23,7 @@ MAX_RANKS_TEXT = 4 << 20  # "[0, 1, ..., 99999]" is ~0.6 MiB
 _RANKS = re.compile(r"\[(?:\d{1,9}(?:, ?\d{1,9})*)?\]")
 # ranks text -> (members, key); every rank of a 4096-rank job repeats the same 24 KB world list
 _MEMBERS_CACHE: dict[str, tuple[tuple[int, ...], str] | None] = {}
+_LAST_PARSED: list[Any] = []  # [text, value] of the last _parse: see there
 
 
 def parse_ranks(text: Any) -> tuple[int, ...] | None:
@@ -39,8 +40,15 @@ def _parse(text: Any) -> tuple[tuple[int, ...], str] | None:
         return None
     if not isinstance(text, str) or len(text) > MAX_RANKS_TEXT:
         return None
+    last = _LAST_PARSED
+    if last and text == last[0]:
+        # Every dump of a job repeats one world rank list (~220 KB at 32,768 ranks), each a new
+        # str: comparing it with the last is a memcmp, where the dict lookup hashes it whole.
+        return last[1]
     if text in _MEMBERS_CACHE:
-        return _MEMBERS_CACHE[text]
+        value = _MEMBERS_CACHE[text]
+        _LAST_PARSED[:] = [text, value]
+        return value
     value = None
     if _RANKS.fullmatch(text):
         body = text[1:-1]
@@ -49,6 +57,7 @@ def _parse(text: Any) -> tuple[tuple[int, ...], str] | None:
     if len(_MEMBERS_CACHE) > 4096:
         _MEMBERS_CACHE.clear()
     _MEMBERS_CACHE[text] = value
+    _LAST_PARSED[:] = [text, value]
     return value
 
 

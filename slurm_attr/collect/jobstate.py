@@ -80,8 +80,11 @@ def facts_from_env(env: dict[str, str]) -> dict[str, Any]:
     if facts["batch"]:
         out = env.get("SLURM_JOB_STDOUT") or _default_output(env, arr, task)
         err = env.get("SLURM_JOB_STDERR") or out
-        facts["stdout_path"] = expand_output_path(out, facts, arr, task)
-        facts["stderr_path"] = expand_output_path(err, facts, arr, task)
+        # 22.05 hands the hook absolute paths; 26.05 the pattern as given (slurm-%j.out): relative
+        # to the job's work dir, as sbatch opens it.
+        work = env.get("SLURM_JOB_WORK_DIR") or "/"
+        facts["stdout_path"] = os.path.join(work, expand_output_path(out, facts, arr, task))
+        facts["stderr_path"] = os.path.join(work, expand_output_path(err, facts, arr, task))
     return {k: v for k, v in facts.items() if v is not None}
 
 

@@ -66,6 +66,9 @@ def test_facts_from_env_near_misses():
     # Batch without -o: slurm-%A_%a.out in the work dir; a job's name that looks like an id is its name.
     facts = facts_from_env({**ENV, "SLURM_JOB_STDOUT": "", "SLURM_JOB_NAME": "661_9"})
     assert facts["stdout_path"] == "/tmp/slurm-661_2.out" and facts["job_id"] == "661_2"
+    # 26.05 gives the pattern as typed: relative to the work dir (an absolute one stays as it is).
+    rel = facts_from_env({**ENV, "SLURM_JOB_STDOUT": "slurm-%j.out", "SLURM_JOB_WORK_DIR": "/home/u/run"})
+    assert rel["stdout_path"] == rel["stderr_path"] == "/home/u/run/slurm-662.out"
     # Not an array task: the raw id; a killed job (0:9) is CANCELLED, a clean exit undecided.
     plain = {k: v for k, v in ENV.items() if not k.startswith("SLURM_ARRAY")}
     assert facts_from_env({**plain, "SLURM_JOB_EXIT_CODE2": "0:9"})["state"] == "CANCELLED"

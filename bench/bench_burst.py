@@ -25,17 +25,10 @@ import time
 import tomllib
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from bench_epilog import env as cluster_env
+
 BASE = Path(os.environ.get("SATTR_CLUSTER_BASE", "/var/lib/sattr-testcluster"))
 CONFIG = BASE / "etc" / "slurm_attr.toml"
-
-
-def cluster_env() -> dict[str, str]:
-    e = dict(os.environ)
-    out = subprocess.run(["bash", str(REPO / "cluster" / "testcluster.sh"), "env"], capture_output=True,
-                         text=True, check=True).stdout
-    e.update(part.split("=", 1) for part in out.split() if "=" in part)
-    return e
 
 
 @contextlib.contextmanager
@@ -190,7 +183,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tasks", type=int, default=2000)
     args = ap.parse_args()
-    env = cluster_env()
+    env = cluster_env()  # bench_epilog's: the test cluster's environment
     res = {}
     for name, on in (("off", False), ("on", True)):
         with analysis_enabled(on):

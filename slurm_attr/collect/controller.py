@@ -83,6 +83,10 @@ def split_scheduler_lines(log_paths: list[str], slurm_job_id: str, cap: int) -> 
     return SchedulerLogs(log_paths, cap).split(slurm_job_id)
 
 
+# The tail of each daemon log read for a job's scheduler lines.
+SCHEDULER_LOG_CAP = 16 << 20
+
+
 def log_paths(spec: str) -> list[str]:
     """``[collect] scheduler_logs``: comma-separated paths or globs, each expanded in order."""
     import glob
@@ -139,7 +143,7 @@ def _scheduler_raw(log_paths: list[str], slurm_job_id: str, cap: int) -> list[tu
 
 
 def write_controller_part(bundle_dir: str, job: dict[str, Any], output_cap: int,
-                          log_paths: list[str] | None = None, log_cap: int = 16 << 20,
+                          log_paths: list[str] | None = None, log_cap: int = SCHEDULER_LOG_CAP,
                           logs: SchedulerLogs | None = None) -> dict[str, Any]:
     """job.json, output/stdout|stderr tails and scheduler/slurm.log in bundle_dir (``logs``: the
     daemon logs already read for a batch of jobs, instead of ``log_paths``)."""

@@ -11,10 +11,9 @@ import re
 from datetime import datetime
 from typing import Any
 
+from ..slurm.base import FINAL_STATES
 from ..slurm.hostlist import expand
 
-FINAL_STATES = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
-                "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT"}
 # Slurm's Reason words that give the state away while the job is still COMPLETING.
 _REASON_STATE = {"TimeLimit": "TIMEOUT", "NodeDown": "NODE_FAIL", "OutOfMemory": "OUT_OF_MEMORY",
                  "Prolog": "FAILED", "JobLaunchFailure": "FAILED", "launch_failed_requeued_held": "FAILED",

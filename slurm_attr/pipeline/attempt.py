@@ -158,9 +158,8 @@ def _controller_part(cfg: Config, key: str, bdir: str, facts: dict[str, Any], lo
     from ..collect import controller
 
     try:
-        if logs is None:
-            logs = controller.SchedulerLogs(controller.log_paths(cfg.collect.scheduler_logs), 16 << 20)
-        controller.write_controller_part(bdir, facts, cfg.collect.output_tail_bytes, logs=logs)
+        controller.write_controller_part(bdir, facts, cfg.collect.output_tail_bytes,
+                                         None if logs is not None else controller.log_paths(cfg.collect.scheduler_logs), logs=logs)
     except OSError as err:
         # Spool full or read-only: the facts are in the pending record; the analysis uses them.
         log.error("job %s: controller part not written to the spool (%s)", key, err)

@@ -71,11 +71,7 @@ def kick(cfg: Config, env: dict[str, str]) -> bool:
     if fd is None:
         return False
     try:
-        child = _child_env(env)
-        child[FD_ENV] = str(fd)
-        with open(os.devnull, "rb") as dn_in, open(os.devnull, "wb") as dn_out:
-            subprocess.Popen([sys.executable, "-m", "slurm_attr.hooks", "work"], stdin=dn_in, stdout=dn_out,
-                             stderr=dn_out, start_new_session=True, env=child, pass_fds=(fd,))
+        _detached(["work"], {**_child_env(env), FD_ENV: str(fd)}, (fd,))
     finally:
         os.close(fd)  # the worker's inherited copy keeps the lock
     return True
@@ -83,9 +79,14 @@ def kick(cfg: Config, env: dict[str, str]) -> bool:
 
 def spawn_single(key: str, env: dict[str, str]) -> None:
     """One job's analysis, outside the pool: only when its pending record could not be written."""
+    _detached(["analyze", key], _child_env(env))
+
+
+def _detached(args: list[str], env: dict[str, str], fds: tuple[int, ...] = ()) -> None:
+    """``python -m slurm_attr.hooks ARGS`` in its own session, no pipes: slurmctld waits for neither."""
     with open(os.devnull, "rb") as dn_in, open(os.devnull, "wb") as dn_out:
-        subprocess.Popen([sys.executable, "-m", "slurm_attr.hooks", "analyze", key], stdin=dn_in,
-                         stdout=dn_out, stderr=dn_out, start_new_session=True, env=_child_env(env))
+        subprocess.Popen([sys.executable, "-m", "slurm_attr.hooks", *args], stdin=dn_in, stdout=dn_out,
+                         stderr=dn_out, start_new_session=True, env=env, pass_fds=fds)
 
 
 def lower_priority() -> None:
@@ -164,7 +165,7 @@ def work(cfg: Config, fd: int, slurm: Any = None, open_store: Any = None) -> Cou
 
 def _batch(cfg: Config, batched: Any, todo: list[dict[str, Any]], open_store: Any) -> dict[str, str]:
     from . import attempt
-    from ..collect.controller import SchedulerLogs, log_paths
+    from ..collect.controller import SCHEDULER_LOG_CAP, SchedulerLogs, log_paths
 
     batched.prefetch([_raw_id(d) for d in todo])
     logs = None
@@ -176,7 +177,7 @@ def _batch(cfg: Config, batched: Any, todo: list[dict[str, Any]], open_store: An
             out[key] = "settling"  # accounting has not written the end yet: the next batch asks again
             continue
         if logs is None and (doc.get("job") or {}).get("facts_source") == "env":
-            logs = SchedulerLogs(log_paths(cfg.collect.scheduler_logs), 16 << 20)
+            logs = SchedulerLogs(log_paths(cfg.collect.scheduler_logs), SCHEDULER_LOG_CAP)
         try:
             out[key] = attempt.process(cfg, key, slurm=batched, open_store=open_store, retry_for_s=0, logs=logs,
                                      pending_only=True, sweep_comments=False)

@@ -7,6 +7,10 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+# Slurm's final job state words: a job in one of these will not change state again.
+FINAL_STATES = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
+                "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT"}
+
 
 class SlurmAccess(Protocol):
     def show_job(self, job_id: str) -> dict[str, str] | None:

@@ -11,14 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import SlurmError, SlurmUnavailable
+from .base import FINAL_STATES
 
-# Accounting's final state words: a row with one of these will not change.
-_FINAL = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
-          "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT"}
 
 
 def final_row(row: dict[str, str] | None) -> bool:
-    return bool(row) and (row.get("State") or "").split(" ")[0] in _FINAL  # type: ignore[union-attr]
+    return bool(row) and (row.get("State") or "").split(" ")[0] in FINAL_STATES  # type: ignore[union-attr]
 
 
 class Batched:

@@ -10,7 +10,7 @@ import os
 import re
 import secrets
 import subprocess
-from typing import Any
+from typing import Any, Iterator
 
 from ..errors import SlurmError, SlurmUnavailable
 from .cancel import cancel_target
@@ -32,6 +32,14 @@ _UNAVAILABLE = (
 # sacct fields we read for one job.
 SACCT_FIELDS = ("JobID", "JobIDRaw", "User", "Partition", "NodeList", "State", "ExitCode",
                 "DerivedExitCode", "Start", "End", "Elapsed", "Timelimit")
+
+
+def _sacct_rows(text: str) -> Iterator[dict[str, str]]:
+    """``sacct -n -P -o SACCT_FIELDS`` output as rows (lines of another shape skipped)."""
+    for ln in text.splitlines():
+        parts = ln.split("|")
+        if len(parts) == len(SACCT_FIELDS):
+            yield dict(zip(SACCT_FIELDS, parts))
 
 
 def parse_oneliner(line: str) -> dict[str, str]:
@@ -124,11 +132,7 @@ class CliSlurm:
 
     def sacct_job(self, job_id: str) -> dict[str, str] | None:
         out = self.run("sacct", "-n", "-P", "-X", "-j", job_id, "-o", ",".join(SACCT_FIELDS))
-        for ln in out.splitlines():
-            parts = ln.split("|")
-            if len(parts) == len(SACCT_FIELDS):
-                return dict(zip(SACCT_FIELDS, parts))
-        return None
+        return next(_sacct_rows(out), None)
 
     def sacct_jobs(self, job_ids: list[str]) -> dict[str, dict[str, str]]:
         """sacct_job for many jobs, one sacct per 200 ids: {asked id: row} for the ids accounting has."""
@@ -136,13 +140,10 @@ class CliSlurm:
         for at in range(0, len(job_ids), 200):  # bounded argument length per call
             chunk = job_ids[at:at + 200]
             text = self.run("sacct", "-n", "-P", "-X", "-j", ",".join(chunk), "-o", ",".join(SACCT_FIELDS))
-            for ln in text.splitlines():
-                parts = ln.split("|")
-                if len(parts) == len(SACCT_FIELDS):
-                    row = dict(zip(SACCT_FIELDS, parts))
-                    for k in (row["JobID"], row["JobIDRaw"]):
-                        if k in chunk and k not in out:
-                            out[k] = row
+            for row in _sacct_rows(text):
+                for k in (row["JobID"], row["JobIDRaw"]):
+                    if k in chunk and k not in out:
+                        out[k] = row
         return out
 
     def job_comment(self, job_id: str, field: str) -> str | None:

@@ -4,8 +4,9 @@
  *   cc -O2 -std=c11 -D_GNU_SOURCE -Ispank/probe bench/bench_probe.c -o spank/build/bench_probe -ldl -lpthread
  *   spank/build/bench_probe spank/build/libnccl-profiler-sattr.so [iterations]
  *
- * (bench/bench_probe.py builds and runs it.) Measures the application path (the v5
- * sequence of one collective: 12 callbacks), the proxy path (a send and a receive step
+ * (bench/bench_probe.py builds and runs it.) Calls the newest table the library exports
+ * (ncclProfiler_v6, else _v5: NCCL 2.29+ and 2.28 hand both the same layout for these
+ * events). Measures the application path (the v5 sequence of one collective: 12 callbacks), the proxy path (a send and a receive step
  * through every wait state: 10 callbacks), the kernel-channel path (3 callbacks), then
  * the proxy path from 8 threads at once, each on its own communicator (several comms'
  * proxy threads in one process) and all on one communicator (worst case: layout version
@@ -32,6 +33,8 @@
 #define NTHREADS 8
 #define REPS 7
 
+/* v6's members take a v6 descriptor; every event here is one of v5's, laid out as v5 lays it
+ * out (the same offsets, pinned in sattr_nccl_abi.h), so one pointer type serves both. */
 static sattr_profiler_v5 *P;
 static long iters = 2000000;
 
@@ -239,6 +242,7 @@ int main(int argc, char **argv)
     double v[4][REPS], r[4][2];
     struct stat st;
     static const char *const names[] = {"app", "proxy", "kernel"};
+    const char *table;
 
     if (argc < 2)
         return fprintf(stderr, "usage: bench_probe LIB [iterations]\n"), 2;
@@ -248,8 +252,10 @@ int main(int argc, char **argv)
         return 2;
     setenv("SLURM_ATTR_PROBE_DIR", dir, 1);
     setenv("RANK", "0", 1);
-    if ((dl = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL)) == NULL || (P = dlsym(dl, "ncclProfiler_v5")) == NULL)
+    if ((dl = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL)) == NULL)
         return fprintf(stderr, "bench_probe: %s\n", dlerror()), 2;
+    if ((P = dlsym(dl, table = "ncclProfiler_v6")) == NULL && (P = dlsym(dl, table = "ncclProfiler_v5")) == NULL)
+        return fprintf(stderr, "bench_probe: %s exports neither ncclProfiler_v6 nor _v5\n", argv[1]), 2;
     P->init(&ctx, 0x1234, &mask, "bench", 2, 16, 0, logger);
     for (int i = 0; i < NTHREADS; i++) {
         P->init(&ctxs[i], 0x5000 + (uint64_t)i, &mask, "multi", 2, 16, 0, logger);
@@ -281,8 +287,8 @@ int main(int argc, char **argv)
 
     if (stat(path, &st) != 0)
         st.st_size = -1;
-    printf("{\"iterations\": %ld, \"reps\": %d, \"cpus\": %ld, \"file_bytes\": %lld", iters, REPS,
-           sysconf(_SC_NPROCESSORS_ONLN), (long long)st.st_size);
+    printf("{\"table\": \"%s\", \"iterations\": %ld, \"reps\": %d, \"cpus\": %ld, \"file_bytes\": %lld",
+           table, iters, REPS, sysconf(_SC_NPROCESSORS_ONLN), (long long)st.st_size);
     for (int k = 0; k < 3; k++)
         printf(", \"%s_ns\": {\"min\": %.1f, \"median\": %.1f}", names[k], r[k][0], r[k][1]);
     printf(", \"proxy_8_threads_own_comms_ns\": {\"min\": %.1f, \"median\": %.1f}", r[3][0], r[3][1]);

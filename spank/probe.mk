@@ -58,7 +58,7 @@ probe-harness: $(PROBE_LIB) $(PROBE_HARNESS)
 # The exported symbols NCCL looks up, and nothing else of ours.
 probe-test: $(PROBE_LIB) $(PROBE_HARNESS) $(PROBE_TSAN_LIB) $(PROBE_TSAN_HARNESS)
 	@syms=$$(nm -D --defined-only $(PROBE_LIB) | awk '{print $$3}' | grep -v '^_' | sort | tr '\n' ' '); \
-	if [ "$$syms" != "ncclProfiler_v3 ncclProfiler_v4 ncclProfiler_v5 " ]; then \
+	if [ "$$syms" != "ncclProfiler_v3 ncclProfiler_v4 ncclProfiler_v5 ncclProfiler_v6 " ]; then \
 		echo "probe: unexpected exports: $$syms"; exit 1; fi; \
 	echo "probe: exports $$syms"
 	$(PROBE_HARNESS) selftest --plugin $(abspath $(PROBE_LIB))

@@ -52,7 +52,7 @@ def _slot_dict(s: Any) -> dict[str, Any]:
         "launched": {L.func_name(f): n for f, n in enumerate(s.func_seq) if n},
         "api_calls": {L.func_name(f): n for f, n in enumerate(s.api_func) if n},
         "api": [s.group_api_enter, s.group_api_exit, s.coll_api_enter, s.coll_api_exit],
-        "collectives": s.op_count, "p2p_tasks": s.p2p_tasks,
+        "collectives": s.op_count, "copy_engine": s.ce_tasks, "p2p_tasks": s.p2p_tasks,
         "kernel": {"started": s.kch_started, "stopped": s.kch_stopped, "inflight": f"{s.kch_inflight:#x}",
                    "current": _op(s.kch_op(s.kch_cur)), "done": _op(s.kch_op(s.kch_done))},
         "net": {"send": [s.send_posted, s.send_done], "recv": [s.recv_posted, s.recv_done],

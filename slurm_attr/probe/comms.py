@@ -138,6 +138,8 @@ def fact(member: Member) -> str:
     cur = s.kch_op(s.kch_cur)
     kern = f"kernel in {func_op(*cur)} on {bin(s.kch_inflight).count('1')} channel(s)" if cur and s.kch_inflight else "no kernel in flight"
     launched = ", ".join(f"{L.func_name(f)}={n}" for f, n in enumerate(s.func_seq) if n) or "none"
+    if s.ce_tasks:  # NCCL 2.29+: collectives the copy engines run show no kernel channels
+        launched += f" ({s.ce_tasks} by the copy engines)"
     return (f"{who(member, s.rank)} pid {member.rec.pid} comm {s.comm_hash:016x} rank {s.rank}/{s.nranks}: "
             f"launched {launched}; {kern}; {waits}")
 

@@ -38,7 +38,8 @@ F_SEND, F_RECV, F_SENDRECV = 6, 7, 5
 DTYPES = ("unknown", "ncclInt8", "ncclUint8", "ncclInt32", "ncclUint32", "ncclInt64", "ncclUint64",
           "ncclFloat16", "ncclFloat32", "ncclFloat64", "ncclBfloat16", "ncclFloat8e4m3",
           "ncclFloat8e5m2")
-ALGOS = ("unknown", "TREE", "RING", "COLLNET_DIRECT", "COLLNET_CHAIN", "NVLS", "NVLS_TREE", "PAT")
+ALGOS = ("unknown", "TREE", "RING", "COLLNET_DIRECT", "COLLNET_CHAIN", "NVLS", "NVLS_TREE", "PAT", "CE")
+AL_CE = ALGOS.index("CE")  # our code for a collective the copy engines run (v6 CeColl)
 PROTOS = ("unknown", "LL", "LL128", "SIMPLE")
 # Wait states of proxy steps, in gauge order (research/nccl-probe.md 3).
 WAITS = ("SendGPUWait", "SendPeerWait", "SendWait", "RecvWait", "RecvFlushWait", "RecvGPUWait")
@@ -111,7 +112,7 @@ SLOT_FIELDS = [
     ("last_func", 328, "B"), ("last_dtype", 329, "B"), ("last_algo", 330, "B"),
     ("last_proto", 331, "B"), ("last_nch", 332, "B"), ("last_nwarps", 333, "B"),
     ("last_flags", 334, "H"), ("last_count", 336, "Q"), ("last_root", 344, "i"),
-    ("last_peer", 348, "i"), ("last_start_ns", 352, "Q"), ("op_digest", 360, "Q"),
+    ("last_peer", 348, "i"), ("last_start_ns", 352, "Q"), ("op_digest", 360, "Q"), ("ce_tasks", 368, "Q"),
     ("kch_started", 384, "Q"), ("kch_stopped", 392, "Q"), ("kch_inflight", 400, "Q"),
     ("kch_cur", 408, "Q"), ("kch_done", 416, "Q"), ("kch_start_ptimer", 424, "Q"),
     ("kch_stop_ptimer", 432, "Q"), ("kch_last_ns", 440, "Q"), ("send_posted", 448, "Q"),

@@ -3,7 +3,8 @@
 Per communicator and collective function, func_seq is how many of them each rank launched
 (NCCL's per-function seqNumber + 1). The lowest value m names the first one some ranks
 never launched (seq m). It is only a hang when ranks that did launch it sit in it: their
-kernel is still in flight on (func, m). Hosts run ahead of GPUs, so counts alone would
+kernel is still in flight on (func, m), or, for a collective the copy engines run (no
+kernel, no completion event), it is the last thing they launched. Hosts run ahead of GPUs, so counts alone would
 accuse whoever was slowest at the moment of the kill; the kernel evidence (and, when the
 job's end time is known, a stall of at least MIN_STALL_S) is what makes it a finding.
 """
@@ -36,9 +37,20 @@ def _waiting(comm: Comm, launched: dict[int, int], func: int, seq: int) -> list[
            if launched[cr] > seq and m.kch_inflight and m.kch_cur == want]
     if out:
         return out
+    # A collective the copy engines run (NCCL 2.29+) has no kernel channels and NCCL reports
+    # no completion for it: a rank whose newest launch is that very collective sits in it.
+    out = [cr for cr, m in comm.members.items()
+           if launched[cr] > seq and m.ce_tasks and _newest_is(m, func, seq, L.AL_CE)]
+    if out:
+        return out
     # Without kernel events (mask override, old NCCL) steps waiting on the network will do.
     return [cr for cr, m in comm.members.items()
             if launched[cr] > seq and m.kch_started == 0 and any(m.in_state)]
+
+
+def _newest_is(m: Member, func: int, seq: int, algo: int) -> bool:
+    ops = m.ops
+    return bool(ops) and ops[-1].opi == m.op_count - 1 and (ops[-1].func, ops[-1].seq, ops[-1].algo) == (func, seq, algo)
 
 
 def find(bundle: Bundle, comm: Comm, end_ns: int | None) -> list[Symptom]:

@@ -19,7 +19,7 @@ class SlotSpec:
     name: str = ""
     state: int = L.SLOT_ACTIVE
     launched: dict[int, int] = field(default_factory=dict)  # func -> count (func_seq)
-    ops: list[tuple[int, int, int, int, int, int]] = field(default_factory=list)  # opi, func, count, dtype, root, seq
+    ops: list[tuple[int, ...]] = field(default_factory=list)  # opi, func, count, dtype, root, seq[, algo]
     op_count: int = 0
     digest: int = 0
     kernel: tuple[int, int] | None = None  # (func, seq) in flight
@@ -30,6 +30,8 @@ class SlotSpec:
     api: tuple[int, int, int, int] = (0, 0, 0, 0)  # group enter/exit, coll enter/exit
     last_ns: int = 0  # monotonic stamp of the last task / step / kernel event
     pop_started: int = 0
+    ce_tasks: int = 0  # of op_count, run by the copy engines (v6)
+    algo: int = 2  # of the ring's ops that name none: RING (L.AL_CE: the copy engines ran it)
 
 
 def _kch(op: tuple[int, int] | None) -> int:
@@ -45,15 +47,15 @@ def slot_bytes(sp: SlotSpec) -> bytes:
              kch_started=1 if sp.kernel else 0, last_task_ns=sp.last_ns, kch_last_ns=sp.last_ns,
              last_progress_ns=sp.last_ns, pop_started=sp.pop_started,
              group_api_enter=sp.api[0], group_api_exit=sp.api[1], coll_api_enter=sp.api[2],
-             coll_api_exit=sp.api[3], init_ns=1, win_ms=1000)
+             coll_api_exit=sp.api[3], init_ns=1, win_ms=1000, ce_tasks=sp.ce_tasks)
     for f, n in sp.launched.items():
         v[f"func_seq{f}"] = n
     for i, n in enumerate(sp.in_state):
         v[f"in_state{i}"] = n
     L.SLOT_FIXED.pack_into(buf, 0, *(v[n] for n in L.SLOT_NAMES))
-    for opi, func, count, dtype, root, seq in sp.ops:
+    for opi, func, count, dtype, root, seq, *algo in sp.ops:
         L.OP_ENT.pack_into(buf, L.OPS_OFF + (opi % L.OPRING) * 32, (opi + 1) & 0xFFFFFFFF, func, dtype,
-                           2, 3, root, 2, 16, 0, count, seq)
+                           algo[0] if algo else sp.algo, 3, root, 2, 16, 0, count, seq)
     _peer_pack(buf, L.PEERS_OFF, sp.peers)
     return bytes(buf)
 

@@ -1,10 +1,11 @@
 /*
- * The exported NCCL profiler tables (ncclProfiler_v5, _v4, _v3) and their adapters: each
- * reads its version's descriptor and calls the version-independent event path.
+ * The exported NCCL profiler tables (ncclProfiler_v6, _v5, _v4, _v3) and their adapters:
+ * each reads its version's descriptor and calls the version-independent event path.
  *
- * NCCL dlsym()s the newest symbol it knows and falls back to older ones, so exporting
- * v5 + v4 + v3 covers NCCL 2.26 (torch 2.7) through 2.32. v6 adds only copy-engine
- * events we do not use (NCCL adapts v6 to v5); v7 is not exported: forks ship
+ * NCCL dlsym()s the newest symbol it knows and falls back to older ones: NCCL 2.29-2.32
+ * load v6, 2.28 v5, 2.27 v4, 2.26 (torch 2.7) v3. v6 is v5 plus collectives the copy
+ * engines run (CeColl), which reach no v5 plugin: NCCL's v5 adapter drops them, so under
+ * v5 such a collective would leave no trace of its launch. v7 is not exported: forks ship
  * incompatible "v7" layouts and NVIDIA has published no header (research/nccl-probe.md).
  *
  * Every callback returns ncclSuccess whatever happens: a profiler error makes NCCL 2.2x
@@ -51,12 +52,10 @@ static sattr_nccl_result_t init_v5(void **context, uint64_t commId, int *eActiva
     return SATTR_NCCL_SUCCESS;
 }
 
-static sattr_nccl_result_t start_v5(void *ctx, void **eHandle, sattr_descr_v5 *d)
+static inline void *start_v5_event(void *ctx, const sattr_descr_v5 *d)
 {
     void *h = NULL;
-    if (eHandle == NULL)
-        return SATTR_NCCL_SUCCESS;
-    if (d != NULL) {
+    {
         switch (d->type) {
         case SATTR_EV_GROUP_API:
             h = sattr_ev_api_start(ctx, SATTR_API_GROUP, NULL, 0, d->groupApi.graphCaptured);
@@ -93,12 +92,57 @@ static sattr_nccl_result_t start_v5(void *ctx, void **eHandle, sattr_descr_v5 *d
             break; /* Group, KernelLaunch, ProxyCtrl, NetPlugin: not recorded */
         }
     }
-    *eHandle = h;
+    return h;
+}
+
+static sattr_nccl_result_t start_v5(void *ctx, void **eHandle, sattr_descr_v5 *d)
+{
+    if (eHandle != NULL)
+        *eHandle = d != NULL ? start_v5_event(ctx, d) : NULL;
     return SATTR_NCCL_SUCCESS;
 }
 
 SATTR_EXPORT sattr_profiler_v5 ncclProfiler_v5 = {
     "sattr", init_v5, start_v5, stop_event, record_v4, finalize,
+};
+
+/* ---- v6: v5 plus the copy-engine collective --------------------------------------------- */
+static sattr_nccl_result_t init_v6(void **context, uint64_t commId, int *eActivationMask,
+                                   const char *commName, int nNodes, int nranks, int rank,
+                                   sattr_nccl_logger_t logfn)
+{
+    int mask = 0;
+    void *ctx = sattr_comm_init(6, commId, commName, nNodes, nranks, rank, logfn, &mask);
+    if (context != NULL)
+        *context = ctx;
+    if (eActivationMask != NULL)
+        *eActivationMask = mask;
+    return SATTR_NCCL_SUCCESS;
+}
+
+static sattr_nccl_result_t start_v6(void *ctx, void **eHandle, sattr_descr_v6 *d)
+{
+    void *h = NULL;
+    if (eHandle == NULL)
+        return SATTR_NCCL_SUCCESS;
+    if (d != NULL) {
+        if (d->type == SATTR_EV_CE_COLL) {
+            /* A launched collective like Coll (same per-function seqNumber, so the ranks'
+             * counts stay comparable), marked CE: it has no kernel channels to watch. */
+            struct sattr_coll_info ci = {d->ceColl.seqNumber, d->ceColl.count, d->ceColl.func,
+                                         d->ceColl.datatype, "CE", NULL, d->ceColl.root, 0, 0};
+            h = sattr_ev_coll_start(ctx, &ci);
+        } else if (d->type < SATTR_EV_CE_COLL) {
+            /* every v5 member sits where v5 has it (pinned in sattr_nccl_abi.h) */
+            h = start_v5_event(ctx, (const sattr_descr_v5 *)d);
+        } /* CeSync, CeBatch and types we do not know: not recorded */
+    }
+    *eHandle = h;
+    return SATTR_NCCL_SUCCESS;
+}
+
+SATTR_EXPORT sattr_profiler_v6 ncclProfiler_v6 = {
+    "sattr", init_v6, start_v6, stop_event, record_v4, finalize,
 };
 
 /* ---- v4 ------------------------------------------------------------------------------ */

@@ -37,12 +37,12 @@ static const char *const dtype_names[] = {"", "ncclInt8", "ncclUint8", "ncclInt3
                                           "ncclFloat64", "ncclBfloat16", "ncclFloat8e4m3",
                                           "ncclFloat8e5m2"};
 static const char *const algo_names[] = {"", "TREE", "RING", "COLLNET_DIRECT", "COLLNET_CHAIN",
-                                         "NVLS", "NVLS_TREE", "PAT"};
+                                         "NVLS", "NVLS_TREE", "PAT", "CE"};
 static const char *const proto_names[] = {"", "LL", "LL128", "SIMPLE"};
 
 static struct code_table func_tab = {func_names, 11, SATTR_F_OTHER, {0}};
 static struct code_table dtype_tab = {dtype_names, 13, SATTR_DT_UNKNOWN, {0}};
-static struct code_table algo_tab = {algo_names, 8, SATTR_AL_UNKNOWN, {0}};
+static struct code_table algo_tab = {algo_names, 9, SATTR_AL_UNKNOWN, {0}};
 static struct code_table proto_tab = {proto_names, 4, SATTR_PR_UNKNOWN, {0}};
 
 static unsigned code_slow(const struct code_table *t, const char *s)
@@ -210,6 +210,8 @@ SATTR_HIDDEN void *sattr_ev_coll_start(void *ctx, const struct sattr_coll_info *
     dt = code_of(&dtype_tab, ci->datatype);
     al = code_of(&algo_tab, ci->algo);
     pr = code_of(&proto_tab, ci->proto);
+    if (SATTR_UNLIKELY(al == SATTR_AL_CE))
+        SA_BUMP(&s->ce_tasks, 1);
     root = rooted(f) ? ci->root : -1; /* NCCL leaves root undefined for unrooted ops */
     opi = SA_ADD(&s->op_count, 1);     /* shared: a host callback may launch too */
     if (ci->seq + 1 > SA_LD(&s->func_seq[f]))

@@ -111,6 +111,8 @@ static int activation_mask(int api_ver)
                SATTR_EV_PROXY_STEP;
     if (api_ver >= 5)
         mask |= SATTR_EV_GROUP_API | SATTR_EV_COLL_API | SATTR_EV_P2P_API;
+    if (api_ver >= 6)
+        mask |= SATTR_EV_CE_COLL; /* its CeSync/CeBatch children stay off: no progress in them we can read */
     if (env_long("SLURM_ATTR_PROBE_MASK", 0, INT_MAX, &v))
         mask = (int)v;
     if (env_long("SLURM_ATTR_PROBE_STEPS", 0, 1, &v) && v == 0)

@@ -3,7 +3,7 @@
  *   probe_file.c    environment, the mmap'd record, communicator slots (init/finalize);
  *   probe_lanes.c   which lane of a slot each writer thread uses (first use, thread exit);
  *   probe_events.c  the event path (start/stop/record), version independent;
- *   probe_abi.c     the exported ncclProfiler_v3/v4/v5 tables and descriptor adapters.
+ *   probe_abi.c     the exported ncclProfiler_v3/v4/v5/v6 tables and descriptor adapters.
  *
  * Handles. Every context and event handle we give NCCL is an encoded integer, never a
  * pointer: tag (8 bits, per process) | kind (4) | slot (6) | payload (46). Decoding checks

@@ -1,8 +1,8 @@
 /*
- * The NCCL profiler plugin ABI, versions 3, 4 and 5, declared here because NCCL ships
+ * The NCCL profiler plugin ABI, versions 3, 4, 5 and 6, declared here because NCCL ships
  * no plugin headers (neither the PyPI wheel nor Debian carry them).
  *
- * Transcribed from NVIDIA/nccl ext-profiler/example/nccl/profiler_v{3,4,5}.h and pinned
+ * Transcribed from NVIDIA/nccl ext-profiler/example/nccl/profiler_v{3,4,5,6}.h and pinned
  * below by _Static_assert on every size and offset the probe reads: a silent layout
  * drift here would make the probe read garbage out of NCCL's descriptors.
  * Names carry our sattr_ prefix so this header never clashes with NCCL's own.
@@ -41,6 +41,9 @@ enum {
     SATTR_EV_COLL_API = 1 << 9,    /* v5+ */
     SATTR_EV_P2P_API = 1 << 10,    /* v5+ */
     SATTR_EV_KERNEL_LAUNCH = 1 << 11, /* v5+ */
+    SATTR_EV_CE_COLL = 1 << 12,    /* v6+: a collective run by the copy engines */
+    SATTR_EV_CE_SYNC = 1 << 13,    /* v6+ */
+    SATTR_EV_CE_BATCH = 1 << 14,   /* v6+ */
 };
 
 /* ncclProfilerEventState_t: one enum for all versions. */
@@ -56,40 +59,65 @@ enum {
     SATTR_ST_KERNEL_CH_STOP = 22,
     SATTR_ST_END_GROUP_API_START = 23,
     SATTR_ST_BEGIN_GROUP_API_END = 24,
+    SATTR_ST_CE_COLL_START = 25, /* v6+: 25..30 are the copy-engine states */
+    SATTR_ST_CE_BATCH_COMPLETE = 30,
 };
 
-/* ---- v5 (NCCL 2.28+, and 2.29-2.32 through NCCL's adapters) ------------------------- */
+/* ---- v5 (NCCL 2.28+) and v6 (2.29+): v6 is v5's descriptor with three copy-engine members
+ * added to the union, within the same 112 bytes ------------------------------------------ */
+#define SATTR_DESCR_V5_MEMBERS                                                               \
+    struct { bool graphCaptured; int groupDepth; } groupApi;                                 \
+    struct {                                                                                 \
+        const char *func; size_t count; const char *datatype; int root; void *stream;        \
+        bool graphCaptured;                                                                  \
+    } collApi;                                                                               \
+    struct {                                                                                 \
+        const char *func; size_t count; const char *datatype; void *stream; bool graphCaptured; \
+    } p2pApi;                                                                                \
+    struct { void *stream; } kernelLaunch;                                                   \
+    struct {                                                                                 \
+        uint64_t seqNumber; const char *func; const void *sendBuff; void *recvBuff;          \
+        size_t count; int root; const char *datatype; uint8_t nChannels; uint8_t nWarps;     \
+        const char *algo; const char *proto; void *parentGroup;                              \
+    } coll;                                                                                  \
+    struct {                                                                                 \
+        const char *func; void *buff; const char *datatype; size_t count; int peer;          \
+        uint8_t nChannels; void *parentGroup;                                                \
+    } p2p;                                                                                   \
+    struct { pid_t pid; uint8_t channelId; int peer; int nSteps; int chunkSize; int isSend; } proxyOp; \
+    struct { int step; } proxyStep;                                                          \
+    struct { uint8_t channelId; uint64_t pTimer; } kernelCh;                                 \
+    struct { int64_t id; void *data; } netPlugin;
+
 typedef struct {
     uint64_t type;
     void *parentObj;
     int rank;
     union {
-        struct { int graphCaptured; int groupDepth; } groupApi;
-        struct {
-            const char *func; size_t count; const char *datatype; int root; void *stream;
-            bool graphCaptured;
-        } collApi;
-        struct {
-            const char *func; size_t count; const char *datatype; void *stream; bool graphCaptured;
-        } p2pApi;
-        struct { void *stream; } kernelLaunch;
-        struct {
-            uint64_t seqNumber; const char *func; const void *sendBuff; void *recvBuff;
-            size_t count; int root; const char *datatype; uint8_t nChannels; uint8_t nWarps;
-            const char *algo; const char *proto; void *parentGroup;
-        } coll;
-        struct {
-            const char *func; void *buff; const char *datatype; size_t count; int peer;
-            uint8_t nChannels; void *parentGroup;
-        } p2p;
-        struct { pid_t pid; uint8_t channelId; int peer; int nSteps; int chunkSize; int isSend; } proxyOp;
-        struct { int step; } proxyStep;
-        struct { uint8_t channelId; uint64_t pTimer; } kernelCh;
-        struct { int64_t id; void *data; } netPlugin;
+        SATTR_DESCR_V5_MEMBERS
     };
 } sattr_descr_v5;
 
-/* State arguments, v4 and v5 (8 bytes). */
+typedef struct {
+    uint64_t type;
+    void *parentObj;
+    int rank;
+    union {
+        SATTR_DESCR_V5_MEMBERS
+        /* A copy-engine collective: started and stopped on the launching thread around
+         * the copies' enqueue (stop = enqueued, as for Coll); NCCL reports no completion. */
+        struct {
+            uint64_t seqNumber; const char *func; const void *sendBuff; void *recvBuff;
+            size_t count; int root; const char *datatype; const char *syncStrategy;
+            bool intraBatchSync; uint32_t batchSize; uint32_t numBatches; uint32_t ceSeqNum;
+            void *stream;
+        } ceColl;
+        struct { bool isComplete; int nRanks; } ceCollSync;
+        struct { int numOps; size_t totalBytes; bool useIntraSync; } ceCollBatch;
+    };
+} sattr_descr_v6;
+
+/* State arguments, v4, v5 and v6 (8 bytes). */
 typedef union {
     struct { size_t transSize; } proxyStep;
     struct { int appendedProxyOps; } proxyCtrl;
@@ -107,6 +135,17 @@ typedef struct {
     sattr_nccl_result_t (*recordEventState)(void *eHandle, int eState, sattr_state_args_v4 *eStateArgs);
     sattr_nccl_result_t (*finalize)(void *context);
 } sattr_profiler_v5;
+
+typedef struct {
+    const char *name;
+    sattr_nccl_result_t (*init)(void **context, uint64_t commId, int *eActivationMask,
+                                const char *commName, int nNodes, int nranks, int rank,
+                                sattr_nccl_logger_t logfn);
+    sattr_nccl_result_t (*startEvent)(void *context, void **eHandle, sattr_descr_v6 *eDescr);
+    sattr_nccl_result_t (*stopEvent)(void *eHandle);
+    sattr_nccl_result_t (*recordEventState)(void *eHandle, int eState, sattr_state_args_v4 *eStateArgs);
+    sattr_nccl_result_t (*finalize)(void *context);
+} sattr_profiler_v6;
 
 /* ---- v4 (NCCL 2.27) ----------------------------------------------------------------- */
 typedef struct {
@@ -229,6 +268,48 @@ SATTR_PIN(sattr_profiler_v5, startEvent, 16);
 SATTR_PIN(sattr_profiler_v5, stopEvent, 24);
 SATTR_PIN(sattr_profiler_v5, recordEventState, 32);
 SATTR_PIN(sattr_profiler_v5, finalize, 40);
+
+/* v6: the v5 members where v5 has them (the probe reads a v6 descriptor's v5 events through
+ * the v5 path), the copy-engine members where NCCL writes them. */
+_Static_assert(sizeof(sattr_descr_v6) == 112, "v6 descriptor size");
+#define SATTR_PIN56(m) _Static_assert(offsetof(sattr_descr_v6, m) == offsetof(sattr_descr_v5, m), \
+                                      "v6." #m " is not where v5 has it")
+SATTR_PIN56(type);
+SATTR_PIN56(parentObj);
+SATTR_PIN56(rank);
+SATTR_PIN56(groupApi.graphCaptured);
+SATTR_PIN56(collApi.func);
+SATTR_PIN56(collApi.count);
+SATTR_PIN56(collApi.graphCaptured);
+SATTR_PIN56(p2pApi.graphCaptured);
+SATTR_PIN56(coll.seqNumber);
+SATTR_PIN56(coll.parentGroup);
+SATTR_PIN56(p2p.peer);
+SATTR_PIN56(proxyOp.pid);
+SATTR_PIN56(proxyOp.isSend);
+SATTR_PIN56(kernelCh.pTimer);
+SATTR_PIN56(netPlugin.data);
+SATTR_PIN(sattr_descr_v6, ceColl.seqNumber, 24);
+SATTR_PIN(sattr_descr_v6, ceColl.func, 32);
+SATTR_PIN(sattr_descr_v6, ceColl.sendBuff, 40);
+SATTR_PIN(sattr_descr_v6, ceColl.recvBuff, 48);
+SATTR_PIN(sattr_descr_v6, ceColl.count, 56);
+SATTR_PIN(sattr_descr_v6, ceColl.root, 64);
+SATTR_PIN(sattr_descr_v6, ceColl.datatype, 72);
+SATTR_PIN(sattr_descr_v6, ceColl.syncStrategy, 80);
+SATTR_PIN(sattr_descr_v6, ceColl.intraBatchSync, 88);
+SATTR_PIN(sattr_descr_v6, ceColl.batchSize, 92);
+SATTR_PIN(sattr_descr_v6, ceColl.numBatches, 96);
+SATTR_PIN(sattr_descr_v6, ceColl.ceSeqNum, 100);
+SATTR_PIN(sattr_descr_v6, ceColl.stream, 104);
+SATTR_PIN(sattr_descr_v6, ceCollSync.isComplete, 24);
+SATTR_PIN(sattr_descr_v6, ceCollSync.nRanks, 28);
+SATTR_PIN(sattr_descr_v6, ceCollBatch.numOps, 24);
+SATTR_PIN(sattr_descr_v6, ceCollBatch.totalBytes, 32);
+SATTR_PIN(sattr_descr_v6, ceCollBatch.useIntraSync, 40);
+_Static_assert(sizeof(sattr_profiler_v6) == 48, "v6 function table size");
+SATTR_PIN(sattr_profiler_v6, startEvent, 16);
+SATTR_PIN(sattr_profiler_v6, recordEventState, 32);
 
 _Static_assert(sizeof(sattr_descr_v4) == 104, "v4 descriptor size");
 SATTR_PIN(sattr_descr_v4, type, 0);

@@ -76,7 +76,8 @@ enum {
 };
 /* Algorithm and protocol codes (0 = unknown). */
 enum { SATTR_AL_UNKNOWN, SATTR_AL_TREE, SATTR_AL_RING, SATTR_AL_COLLNET_DIRECT,
-       SATTR_AL_COLLNET_CHAIN, SATTR_AL_NVLS, SATTR_AL_NVLS_TREE, SATTR_AL_PAT };
+       SATTR_AL_COLLNET_CHAIN, SATTR_AL_NVLS, SATTR_AL_NVLS_TREE, SATTR_AL_PAT,
+       SATTR_AL_CE /* our code for a copy-engine collective (v6 CeColl): NCCL names no algorithm */ };
 enum { SATTR_PR_UNKNOWN, SATTR_PR_LL, SATTR_PR_LL128, SATTR_PR_SIMPLE };
 /* Wait-state gauges: where a proxy step currently sits (research/nccl-probe.md 3). */
 enum {
@@ -263,7 +264,8 @@ struct sattr_slot {
     int32_t last_peer;     /* peer of the last p2p task */
     uint64_t last_start_ns;
     uint64_t op_digest;    /* running hash of (func, count, dtype, root) of every collective */
-    uint64_t rsvd2[2];
+    uint64_t ce_tasks;     /* of coll_tasks, those the copy engines run (v6+): no kernel channels */
+    uint64_t rsvd2;
     /* kernel channels (proxy thread, or NCCL's profiler thread since 2.31) */
     uint64_t kch_started;
     uint64_t kch_stopped;
@@ -349,6 +351,7 @@ SATTR_LPIN(struct sattr_slot, coll_api_enter, 64);  /* app thread: own cache lin
 SATTR_LPIN(struct sattr_slot, api_func, 128);
 SATTR_LPIN(struct sattr_slot, func_seq, 192);       /* launch thread */
 SATTR_LPIN(struct sattr_slot, coll_tasks, 288);
+SATTR_LPIN(struct sattr_slot, ce_tasks, 368);
 SATTR_LPIN(struct sattr_slot, op_count, 312);
 SATTR_LPIN(struct sattr_slot, last_seq, 320);
 SATTR_LPIN(struct sattr_slot, last_count, 336);

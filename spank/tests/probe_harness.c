@@ -3,7 +3,7 @@
  *
  *   probe_harness run --plugin LIB --out DIR --scenario S [--ranks 8] [--per-node 2]
  *                     [--ops 12] [--inject 8] [--victim R] [--hang-ms 600] [--step-us 300]
- *                     [--delay-us N] [--api 5]
+ *                     [--delay-us N] [--api 6]
  *       play one scenario (healthy, nonentry, count, linkstall, killed, straggler, slowlink,
  *       slowphase) as a job whose records land in DIR/nodes/<node>/probe/, as the epilog will
  *       collect them; straggler: the victim (5) enters every collective --delay-us (20000) after
@@ -107,7 +107,7 @@ static int parse_job(int argc, char **argv, struct job_opts *o)
         else if (!strcmp(a, "--delay-us"))
             rc = int_arg(v, 0, 10000000, &o->delay_us), delay_set = 1;
         else if (!strcmp(a, "--api"))
-            rc = int_arg(v, 3, 5, &o->api);
+            rc = int_arg(v, 3, 6, &o->api);
         else if (!strcmp(a, "--shm"))
             o->shm_path = v;
         else if (!strcmp(a, "--node-index"))
@@ -284,7 +284,8 @@ static int selftest(int argc, char **argv)
         int api;
     } plan[] = {{SC_HEALTHY, 5}, {SC_NONENTRY, 5}, {SC_COUNT, 5}, {SC_LINKSTALL, 5},
                 {SC_KILLED, 5}, {SC_HEALTHY, 4}, {SC_LINKSTALL, 4}, {SC_NONENTRY, 3},
-                {SC_STRAGGLER, 5}, {SC_SLOWLINK, 5}, {SC_SLOWPHASE, 5}};
+                {SC_STRAGGLER, 5}, {SC_SLOWLINK, 5}, {SC_SLOWPHASE, 5},
+                {SC_HEALTHY, 6}, {SC_NONENTRY, 6}, {SC_COUNT, 6}, {SC_LINKSTALL, 6}};
     /* node mode: two node processes of 4 ranks (the ring edges 3->4 and 7->0 cross nodes) must
      * leave records the single-process checks cannot tell apart; the last one without --out,
      * in a real job's env (its job id, not the harness's 4242) */
@@ -391,6 +392,7 @@ static int layout(void)
     F(struct sattr_slot, op_count); F(struct sattr_slot, last_seq); F(struct sattr_slot, last_func);
     F(struct sattr_slot, last_dtype); F(struct sattr_slot, last_count); F(struct sattr_slot, last_root);
     F(struct sattr_slot, last_peer); F(struct sattr_slot, last_start_ns); F(struct sattr_slot, op_digest);
+    F(struct sattr_slot, ce_tasks);
     F(struct sattr_slot, kch_started); F(struct sattr_slot, kch_stopped);
     F(struct sattr_slot, kch_inflight); F(struct sattr_slot, kch_cur); F(struct sattr_slot, kch_done);
     F(struct sattr_slot, kch_start_ptimer); F(struct sattr_slot, kch_stop_ptimer);

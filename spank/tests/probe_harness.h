@@ -1,6 +1,6 @@
 /*
  * GPU-less harness for the NCCL profiler probe: loads the plugin the way NCCL does
- * (dlopen RTLD_NOW|RTLD_LOCAL, dlsym ncclProfiler_v5/v4/v3) and drives it with NCCL's
+ * (dlopen RTLD_NOW|RTLD_LOCAL, dlsym ncclProfiler_v6/v5/v4/v3) and drives it with NCCL's
  * event order for ring collectives, one process per simulated rank, an application
  * thread and a proxy thread per process; in node mode one harness process per node of a
  * real Slurm job forks that node's ranks.
@@ -22,7 +22,8 @@
 /* ---- fake NCCL ----------------------------------------------------------------------- */
 struct fake_nccl {
     void *dl;
-    int api; /* 3, 4 or 5 */
+    int api; /* 3, 4, 5 or 6 */
+    sattr_profiler_v6 *v6;
     sattr_profiler_v5 *v5;
     sattr_profiler_v4 *v4;
     sattr_profiler_v3 *v3;
@@ -51,6 +52,8 @@ struct hev {
     int graph;
     uint8_t nch;
     uint64_t ptimer;
+    const char *sync;   /* v6 CeColl: "MC" or "UC" */
+    uint32_t ce_seq;    /* v6 CeColl: the copy-engine sequence */
 };
 
 int fake_load(struct fake_nccl *n, const char *path, int api);
@@ -65,6 +68,10 @@ void fake_state(struct fake_nccl *n, void *h, int state, uint64_t arg, int with_
 /* NCCL's application-side sequence for one collective; returns the Coll handle. */
 void *fake_collective(struct fake_nccl *n, void *ctx, int rank, const char *func, uint64_t seq,
                       size_t count, uint8_t nch, uint64_t hash);
+/* v6: the same collective run by the copy engines (CollApi, then CeColl with its CeSync
+ * child; no Group, Coll or kernel channels); returns the CeColl handle. */
+void *fake_ce_collective(struct fake_nccl *n, void *ctx, int rank, const char *func, uint64_t seq,
+                         size_t count, uint32_t ce_seq);
 
 /* ---- simulated job ------------------------------------------------------------------- */
 enum scenario {

@@ -557,6 +557,45 @@ void check_robustness(struct tally *t, const char *plugin, const char *tmpdir)
         check(t, c3 && s3->comm_hash == 0x33 && s3->rank == 3 && s3->func_seq[SATTR_F_BROADCAST] == 3,
               "robust: ncclProfiler_v3 learns the communicator from its first collective");
     }
+    /* v6: copy-engine collectives are launched collectives without kernel channels */
+    {
+        struct fake_nccl n6 = b.n;
+        n6.v5 = NULL;
+        n6.v6 = dlsym(b.n.dl, "ncclProfiler_v6");
+        int m6 = 0;
+        void *c6 = n6.v6 ? fake_init(&n6, 0x66, 1, 8, 2, "v6", &m6) : NULL;
+        void *ce = NULL, *cs;
+        struct hev e6;
+        if (c6) {
+            fake_collective(&n6, c6, 2, "AllReduce", 0, 4096, 2, 0x66);
+            for (int i = 0; i < 3; i++)
+                ce = fake_ce_collective(&n6, c6, 2, "AllGather", (uint64_t)i, 1 << 20, (uint32_t)i);
+        }
+        struct sattr_slot *s6 = rb_slot(&b, 11);
+        const struct sattr_op_ent *last = &s6->ops[(s6->op_count - 1) & (SATTR_PROBE_OPRING - 1)];
+        check(t, c6 && s6->api_ver == 6 && (m6 & SATTR_EV_CE_COLL) && !(m6 & SATTR_EV_CE_SYNC) &&
+                     (m6 & SATTR_EV_COLL_API),
+              "robust: ncclProfiler_v6 asks for copy-engine collectives, not their sync/batch parts "
+              "(mask %#x)", m6);
+        check(t, c6 && s6->op_count == 4 && s6->coll_tasks == 4 && s6->ce_tasks == 3 &&
+                     s6->func_seq[SATTR_F_ALLGATHER] == 3 && s6->func_seq[SATTR_F_ALLREDUCE] == 1 &&
+                     s6->coll_api_enter == 4 && s6->coll_api_exit == 4,
+              "robust: v6 counts 3 copy-engine AllGathers beside a kernel AllReduce "
+              "(ops %llu, ce %llu)", (unsigned long long)s6->op_count,
+              (unsigned long long)s6->ce_tasks);
+        check(t, c6 && last->algo == SATTR_AL_CE && last->func == SATTR_F_ALLGATHER &&
+                     last->seq == 2 && last->dtype == SATTR_DT_BFLOAT16 && s6->kch_started == 0 &&
+                     s6->kch_inflight == 0,
+              "robust: a copy-engine collective is recorded as CE, with no kernel in flight");
+        /* CeSync/CeBatch (not asked for) and types past v6 get no handle */
+        memset(&e6, 0, sizeof(e6));
+        e6.type = SATTR_EV_CE_BATCH;
+        e6.parent = ce;
+        cs = c6 ? fake_start(&n6, c6, &e6) : (void *)1;
+        e6.type = (uint64_t)1 << 15; /* KernelPhase: v7 */
+        void *c7 = c6 ? fake_start(&n6, c6, &e6) : (void *)1;
+        check(t, cs == NULL && c7 == NULL, "robust: v6 CeBatch and unknown types get no handle");
+    }
     /* slot exhaustion keeps the mask (it is process-wide in NCCL) */
     used = b.h->nslots_used;
     int nul = 0;

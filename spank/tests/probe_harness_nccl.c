@@ -22,13 +22,15 @@ int fake_load(struct fake_nccl *n, const char *path, int api)
         fprintf(stderr, "probe_harness: dlopen %s: %s\n", path, dlerror());
         return -1;
     }
-    if (api == 5)
+    if (api == 6)
+        n->v6 = dlsym(n->dl, "ncclProfiler_v6");
+    else if (api == 5)
         n->v5 = dlsym(n->dl, "ncclProfiler_v5");
     else if (api == 4)
         n->v4 = dlsym(n->dl, "ncclProfiler_v4");
     else
         n->v3 = dlsym(n->dl, "ncclProfiler_v3");
-    if (n->v5 == NULL && n->v4 == NULL && n->v3 == NULL) {
+    if (n->v6 == NULL && n->v5 == NULL && n->v4 == NULL && n->v3 == NULL) {
         fprintf(stderr, "probe_harness: %s has no ncclProfiler_v%d\n", path, api);
         dlclose(n->dl);
         n->dl = NULL;
@@ -49,7 +51,9 @@ void *fake_init(struct fake_nccl *n, uint64_t hash, int nnodes, int nranks, int 
 {
     void *ctx = NULL;
     int rc;
-    if (n->v5)
+    if (n->v6)
+        rc = n->v6->init(&ctx, hash, mask, name, nnodes, nranks, rank, logger);
+    else if (n->v5)
         rc = n->v5->init(&ctx, hash, mask, name, nnodes, nranks, rank, logger);
     else if (n->v4)
         rc = n->v4->init(&ctx, mask, name, hash, nnodes, nranks, rank, logger);
@@ -62,7 +66,9 @@ void *fake_init(struct fake_nccl *n, uint64_t hash, int nnodes, int nranks, int 
 
 void fake_finalize(struct fake_nccl *n, void *ctx)
 {
-    if (n->v5)
+    if (n->v6)
+        n->v6->finalize(ctx);
+    else if (n->v5)
         n->v5->finalize(ctx);
     else if (n->v4)
         n->v4->finalize(ctx);
@@ -70,10 +76,9 @@ void fake_finalize(struct fake_nccl *n, void *ctx)
         n->v3->finalize(ctx);
 }
 
-static void *start_v5(struct fake_nccl *n, void *ctx, const struct hev *e)
+static void fill_v5(sattr_descr_v5 *dp, const struct hev *e)
 {
     sattr_descr_v5 d;
-    void *h = (void *)0x1; /* the plugin must always write the handle */
     memset(&d, 0, sizeof(d));
     d.type = e->type;
     d.parentObj = e->parent;
@@ -99,7 +104,44 @@ static void *start_v5(struct fake_nccl *n, void *ctx, const struct hev *e)
     case SATTR_EV_KERNEL_CH: d.kernelCh.channelId = (uint8_t)e->ch; d.kernelCh.pTimer = e->ptimer; break;
     default: break;
     }
+    *dp = d;
+}
+
+static void *start_v5(struct fake_nccl *n, void *ctx, const struct hev *e)
+{
+    sattr_descr_v5 d;
+    void *h = (void *)0x1; /* the plugin must always write the handle */
+    fill_v5(&d, e);
     n->v5->startEvent(ctx, &h, &d);
+    return h;
+}
+
+/* v6: NCCL fills one v6 descriptor; its v5 events are laid out as v5's (copied here the
+ * way NCCL's own adapters copy between versions), the copy-engine ones in their members. */
+static void *start_v6(struct fake_nccl *n, void *ctx, const struct hev *e)
+{
+    sattr_descr_v6 d;
+    void *h = (void *)0x1;
+    memset(&d, 0, sizeof(d));
+    if (e->type < SATTR_EV_CE_COLL) {
+        sattr_descr_v5 d5;
+        fill_v5(&d5, e);
+        memcpy(&d, &d5, sizeof(d5));
+    } else {
+        d.type = e->type;
+        d.parentObj = e->parent;
+        d.rank = e->rank;
+        switch (e->type) {
+        case SATTR_EV_CE_COLL:
+            d.ceColl.seqNumber = e->seq; d.ceColl.func = e->func; d.ceColl.count = e->count;
+            d.ceColl.root = e->root; d.ceColl.datatype = e->dtype; d.ceColl.syncStrategy = e->sync;
+            d.ceColl.ceSeqNum = e->ce_seq; break;
+        case SATTR_EV_CE_SYNC: d.ceCollSync.nRanks = e->peer; break;
+        case SATTR_EV_CE_BATCH: d.ceCollBatch.numOps = 1; d.ceCollBatch.totalBytes = e->count; break;
+        default: break;
+        }
+    }
+    n->v6->startEvent(ctx, &h, &d);
     return h;
 }
 
@@ -162,6 +204,8 @@ static void *start_v3(struct fake_nccl *n, void *ctx, const struct hev *e)
 
 void *fake_start(struct fake_nccl *n, void *ctx, const struct hev *e)
 {
+    if (n->v6)
+        return start_v6(n, ctx, e);
     if (n->v5)
         return start_v5(n, ctx, e);
     if (n->v4)
@@ -171,7 +215,9 @@ void *fake_start(struct fake_nccl *n, void *ctx, const struct hev *e)
 
 void fake_stop(struct fake_nccl *n, void *h)
 {
-    if (n->v5)
+    if (n->v6)
+        n->v6->stopEvent(h);
+    else if (n->v5)
         n->v5->stopEvent(h);
     else if (n->v4)
         n->v4->stopEvent(h);
@@ -189,7 +235,9 @@ void fake_state(struct fake_nccl *n, void *h, int state, uint64_t arg, int with_
         a4.kernelCh.pTimer = arg;
     else
         a4.proxyStep.transSize = (size_t)arg;
-    if (n->v5)
+    if (n->v6)
+        n->v6->recordEventState(h, state, with_arg ? &a4 : NULL);
+    else if (n->v5)
         n->v5->recordEventState(h, state, with_arg ? &a4 : NULL);
     else if (n->v4)
         n->v4->recordEventState(h, state, with_arg ? &a4 : NULL);
@@ -204,7 +252,7 @@ void *fake_collective(struct fake_nccl *n, void *ctx, int rank, const char *func
     void *gapi = NULL, *capi, *kl, *grp, *coll;
     memset(&e, 0, sizeof(e));
     e.rank = rank;
-    if (n->v5) {
+    if (n->v5 || n->v6) {
         /* v5 order (research/nccl-probe.md 5): GroupApi, CollApi, KernelLaunch, Group, Coll */
         e.type = SATTR_EV_GROUP_API;
         e.depth = 1; /* implicit group */
@@ -229,7 +277,7 @@ void *fake_collective(struct fake_nccl *n, void *ctx, int rank, const char *func
     e.type = SATTR_EV_GROUP;
     grp = fake_start(n, ctx, &e);
     e.type = SATTR_EV_COLL;
-    e.parent = n->v5 ? NULL : grp;
+    e.parent = n->v5 || n->v6 ? NULL : grp;
     e.func = func;
     e.seq = seq;
     e.count = count;
@@ -244,4 +292,46 @@ void *fake_collective(struct fake_nccl *n, void *ctx, int rank, const char *func
     if (gapi)
         fake_stop(n, gapi);
     return coll;
+}
+
+void *fake_ce_collective(struct fake_nccl *n, void *ctx, int rank, const char *func, uint64_t seq,
+                         size_t count, uint32_t ce_seq)
+{
+    struct hev e;
+    void *gapi, *capi, *ce, *sync;
+    memset(&e, 0, sizeof(e));
+    e.rank = rank;
+    e.type = SATTR_EV_GROUP_API;
+    e.depth = 1;
+    gapi = fake_start(n, ctx, &e);
+    e.type = SATTR_EV_COLL_API;
+    e.parent = gapi;
+    e.func = func;
+    e.count = count;
+    e.dtype = "ncclBfloat16";
+    capi = fake_start(n, ctx, &e);
+    fake_stop(n, capi);
+    memset(&e, 0, sizeof(e));
+    e.rank = rank;
+    e.type = SATTR_EV_CE_COLL;
+    e.parent = capi;
+    e.func = func;
+    e.seq = seq;
+    e.count = count;
+    e.dtype = "ncclBfloat16";
+    e.sync = "UC";
+    e.ce_seq = ce_seq;
+    ce = fake_start(n, ctx, &e);
+    fake_state(n, ce, SATTR_ST_CE_COLL_START, 0, 0);
+    /* a CeSync child, sent although the mask does not ask for it (a future NCCL might) */
+    e.type = SATTR_EV_CE_SYNC;
+    e.parent = ce;
+    e.peer = 8;
+    sync = fake_start(n, ctx, &e);
+    fake_state(n, sync, SATTR_ST_CE_COLL_START + 2, 0, 0);
+    fake_stop(n, sync);
+    fake_state(n, ce, SATTR_ST_CE_COLL_START + 1, 0, 0);
+    fake_stop(n, ce); /* enqueued on the stream; NCCL reports no completion */
+    fake_stop(n, gapi);
+    return ce;
 }

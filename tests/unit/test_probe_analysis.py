@@ -92,6 +92,37 @@ def test_lagging_launch_without_a_hang_is_not_non_entry(tmp_path):
     assert _run(_job(tmp_path, tweak=tweak))[0] == []
 
 
+def _copy_engine_job(victim: int, after: bool = False):
+    """NCCL 2.29+ running AllGather on the copy engines: no kernel channels, no completion.
+    The victim launched 9 of them; the others 10, the 10th their newest launch unless
+    ``after`` (then each launched a kernel AllReduce after it, which completed: they were
+    not sitting in the AllGather)."""
+    def tweak(r):
+        n = 9 if r == victim else 10
+        ops = [(o, AG, 1 << 20, 10, -1, o) for o in range(n)]
+        kw = dict(launched={AG: n}, op_count=n, ops=ops, kernel=None, inflight=0, ce_tasks=n,
+                  algo=L.AL_CE, api=(n, n, n, n))
+        if after and r != victim:
+            kw.update(launched={AG: n, AR: 1}, op_count=n + 1, ops=ops + [(n, AR, 8, 8, -1, 0, 2)],
+                      kernel=(AR, 0), kernel_done=(AR, 0), api=(n + 1,) * 4)
+        return kw
+    return tweak
+
+
+def test_non_entry_in_a_copy_engine_collective(tmp_path):
+    symptoms, _ = _run(_job(tmp_path, tweak=_copy_engine_job(5), end_s=30))
+    (s,) = symptoms
+    assert (s.id, s.rank, s.fields["func"], s.fields["seq"]) == ("probe.non_entry", 5, "AllGather", 9)
+    assert s.fields["waiting_ranks"] == [0, 1, 2, 3, 4, 6, 7]
+    assert any("10 by the copy engines" in e.text for e in s.evidence)
+
+
+def test_copy_engine_collective_launched_past_is_not_non_entry(tmp_path):
+    # near miss: the others went on past AllGather #9 (an AllReduce on the GPU, done), so
+    # they were not waiting in it
+    assert _run(_job(tmp_path, tweak=_copy_engine_job(5, after=True), end_s=30))[0] == []
+
+
 def test_a_majority_behind_is_not_blamed(tmp_path):
     assert _named(_run(_job(tmp_path, tweak=lambda r: _nonentry_victim(r)(r) if r < 5 else {}))[0],
                   "probe.non_entry") == []

@@ -107,8 +107,11 @@ def test_link_stall(harness, tmp_path):
     ("nonentry", 3, {("probe.non_entry", 3)}),
     ("linkstall", 4, {("probe.link_stall", 3)}),
     ("count", 4, {("probe.inconsistent", 5)}),
+    ("nonentry", 6, {("probe.non_entry", 3)}),
+    ("linkstall", 6, {("probe.link_stall", 3)}),
+    ("count", 6, {("probe.inconsistent", 5)}),
 ])
-def test_older_profiler_apis(harness, tmp_path, scenario, api, expected):
+def test_other_profiler_apis(harness, tmp_path, scenario, api, expected):
     assert {(s.id, s.rank) for s in _found(_play(harness, tmp_path, scenario, api=api))} == expected
 
 

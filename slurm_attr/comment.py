@@ -22,7 +22,7 @@ import time
 from typing import Iterable
 
 from . import jobtext
-from .errors import SlurmError
+from .errors import SlurmError, SlurmUnavailable
 from .model import Verdict
 from .slurm.base import SlurmAccess
 from .store import Store
@@ -165,49 +165,124 @@ def _known(row: dict) -> list[str]:
 def write(slurm: SlurmAccess, store: Store, job_id: str, give_up_after: int = 50,
           max_len: int = 400) -> tuple[bool, str]:
     """Try to write the queued comment of job_id now, then read it back. (ok, error)."""
-    row = store.comment(job_id)
-    if row is None or row["status"] == "written":
-        return True, ""
+    return write_many(slurm, store, [job_id], give_up_after, max_len)[job_id]
+
+
+def write_many(slurm: SlurmAccess, store: Store, job_ids: list[str], give_up_after: int = 50,
+               max_len: int = 400) -> dict[str, tuple[bool, str]]:
+    """Write the queued comments of ``job_ids`` and read them back: {job id: (ok, error)}.
+
+    Per field, one read of the current values, one write of those that change (one slurmdbd
+    connection where the backend batches, ``set_job_comments``) and one read back: a worker's
+    batch of verdicts costs three Slurm calls, not three per job."""
+    out: dict[str, tuple[bool, str]] = {}
+    rows: dict[str, dict] = {}
+    for job_id in job_ids:
+        row = store.comment(job_id)
+        if row is None or row["status"] == "written":
+            out[job_id] = (True, "")
+        else:
+            rows[job_id] = row
+    by_field: dict[str, list[str]] = {}
+    for job_id, row in rows.items():
+        by_field.setdefault(row["field"], []).append(job_id)
+    down = ""
+    for field, ids in by_field.items():
+        for at in range(0, len(ids), 200):  # bounded work per Slurm call
+            chunk = ids[at:at + 200]
+            if down:  # accounting is down: every further chunk would wait out the same timeout
+                out.update({j: (False, down) for j in chunk})
+                continue
+            got = _write_field(slurm, store, field, {j: rows[j] for j in chunk}, max_len)
+            out.update(got)
+            errs = {d for ok, d in got.values() if not ok}
+            if len(errs) == 1 and not any(ok for ok, _d in got.values()) and "no record" not in next(iter(errs)):
+                down = next(iter(errs))
+    for job_id, (ok, detail) in out.items():  # detail: our part as written, or the error
+        if job_id in rows:
+            _record(store, job_id, ok, detail, give_up_after)
+    return {j: (True, "") if ok else (False, d) for j, (ok, d) in out.items()}
+
+
+def _write_field(slurm: SlurmAccess, store: Store, field: str, rows: dict[str, dict],
+                 max_len: int) -> dict[str, tuple[bool, str]]:
     # Accounting knows array tasks by their own numeric id, not A_T.
-    raw_id = row.get("slurm_job_id") or job_id
-    field = row["field"]
+    raw = {j: str(r.get("slurm_job_id") or j) for j, r in rows.items()}
+    out: dict[str, tuple[bool, str]] = {}
     try:
-        current = slurm.job_comment(raw_id, field)
-        if current is None:
-            raise SlurmError(f"accounting has no record of job {raw_id} yet")
-        full, ours = compose(current, row["text"], _known(row), max_len)
-        if current != full:
-            slurm.set_job_comment(raw_id, field, full)
-            back = slurm.job_comment(raw_id, field)
-            if not carries(back, ours):
-                raise SlurmError(f"job {raw_id}: accounting did not keep the comment (reads {str(back)[:80]!r})")
+        current = _current_comments(slurm, list(raw.values()), field)
     except SlurmError as err:
-        store.comment_result(job_id, ok=False, error=str(err), give_up_after=give_up_after)
-        return False, str(err)
+        return {j: (False, str(err)) for j in rows}
+    writes: dict[str, tuple[str, str]] = {}  # job -> (field as written, our part)
+    for j, row in rows.items():
+        now = current.get(raw[j])
+        if now is None:
+            out[j] = (False, f"accounting has no record of job {raw[j]} yet")
+            continue
+        full, ours = compose(now, row["text"], _known(row), max_len)
+        if now == full:
+            out[j] = (True, ours)  # already there (an earlier write whose result was lost)
+        else:
+            writes[j] = (full, ours)
+    if writes:
+        try:
+            errs = _set_comments(slurm, [(raw[j], field, full) for j, (full, _o) in writes.items()])
+            back = _current_comments(slurm, [raw[j] for j in writes if errs.get(raw[j]) is None], field)
+        except SlurmError as err:
+            return {**out, **{j: (False, str(err)) for j in writes}}
+        for j, (_full, ours) in writes.items():
+            err = errs.get(raw[j])
+            if err is not None:
+                out[j] = (False, str(err))
+            elif back.get(raw[j]) is None:
+                out[j] = (False, f"accounting has no record of job {raw[j]} yet")
+            elif not carries(back[raw[j]], ours):
+                out[j] = (False, f"job {raw[j]}: accounting did not keep the comment (reads {str(back[raw[j]])[:80]!r})")
+            else:
+                out[j] = (True, ours)
+    return out
+
+
+def _record(store: Store, job_id: str, ok: bool, err_or_ours: str, give_up_after: int) -> None:
+    if not ok:
+        store.comment_result(job_id, ok=False, error=err_or_ours, give_up_after=give_up_after)
+        return
     # The exact part written is what a later write or verify recognises as ours. sqlite-utils
     # adds the column to stores created before it existed (alter=True); a concurrent analyser
     # may have added it a moment ago, then the plain update does.
     try:
-        store.db["comments"].update(job_id, {"written": ours}, alter=True)
+        store.db["comments"].update(job_id, {"written": err_or_ours}, alter=True)
     except sqlite3.OperationalError:
-        store.db["comments"].update(job_id, {"written": ours})
+        store.db["comments"].update(job_id, {"written": err_or_ours})
     store.comment_result(job_id, ok=True)
-    return True, ""
 
 
 def retry_pending(slurm: SlurmAccess, store: Store, give_up_after: int = 50,
                   max_len: int = 400) -> tuple[int, int]:
     """Retry every queued comment; (written, still pending)."""
-    ok = bad = 0
-    rows = list(store.pending_comments())
-    for row in rows:
-        done, err = write(slurm, store, row["job_id"], give_up_after, max_len)
-        ok += done
-        bad += not done
-        if not done and "no record" not in err:
-            # Accounting is down: every other write would wait out its timeout too.
-            return ok, len(rows) - ok
-    return ok, bad
+    ids = [r["job_id"] for r in store.pending_comments()]
+    done = write_many(slurm, store, ids, give_up_after, max_len)
+    ok = sum(1 for v in done.values() if v[0])
+    return ok, len(ids) - ok
+
+
+def _set_comments(slurm: SlurmAccess, items: list[tuple[str, str, str]]) -> dict[str, SlurmError | None]:
+    batch = getattr(slurm, "set_job_comments", None)
+    if batch is not None:
+        return batch(items)
+    out: dict[str, SlurmError | None] = {}
+    for job_id, field, text in items:
+        try:
+            slurm.set_job_comment(job_id, field, text)
+            out[job_id] = None
+        except SlurmUnavailable as err:
+            if "no record" not in str(err):
+                # Accounting is down: every other write would wait out its timeout too.
+                return {**out, **{j: err for j, _f, _t in items if j not in out}}
+            out[job_id] = err
+        except SlurmError as err:
+            out[job_id] = err
+    return out
 
 
 def _current_comments(slurm: SlurmAccess, ids: list[str], field: str) -> dict[str, str | None]:
@@ -232,6 +307,7 @@ def verify_recent(slurm: SlurmAccess, store: Store, since_s: float, give_up_afte
     for field, group in by_field.items():
         ids = [str(r.get("slurm_job_id") or r["job_id"]) for r in group]
         current = _current_comments(slurm, ids, field)
+        again = []
         for r, raw in zip(group, ids):
             now = current.get(raw)
             if now is None:
@@ -242,6 +318,7 @@ def verify_recent(slurm: SlurmAccess, store: Store, since_s: float, give_up_afte
                 # Dropped (slurmctld restart) or changed by someone: write ours again, keeping
                 # whatever user text is there now.
                 store.db["comments"].update(r["job_id"], {"status": "pending"})
-                done, _err = write(slurm, store, r["job_id"], give_up_after, max_len)
-                out["reapplied" if done else "failed"].append(r["job_id"])
+                again.append(r["job_id"])
+        for job_id, (done, _err) in write_many(slurm, store, again, give_up_after, max_len).items():
+            out["reapplied" if done else "failed"].append(job_id)
     return out

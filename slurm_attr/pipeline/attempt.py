@@ -79,12 +79,14 @@ def _default_store(cfg: Config) -> Any:
 
 def process(cfg: Config, key: str, slurm: Any = None, open_store: Callable[[Config], Any] | None = None,
             retry_for_s: float | None = None, sleep: Callable[[float], None] = time.sleep,
-            logs: Any = None, pending_only: bool = False, sweep_comments: bool = True) -> str:
+            logs: Any = None, pending_only: bool = False, sweep_comments: bool = True,
+            comments_to: list[str] | None = None) -> str:
     """One pending job through to a stored verdict; returns stored|pending|partial|busy|gone.
 
     ``logs``: the daemon logs a worker read once for its batch (collect.controller.SchedulerLogs);
     ``pending_only``: a job no longer pending is done (another worker stored it), not re-recorded;
-    ``sweep_comments``: the comment re-checks after the verdict (a worker does them once a batch)."""
+    ``sweep_comments``: the comment re-checks after the verdict (a worker does them once a batch);
+    ``comments_to``: queue the comment and add the job id here (a worker writes its batch's together)."""
     from .finish import finish_job
     from .settle import AccountingPending, read_job_json
 
@@ -122,7 +124,8 @@ def process(cfg: Config, key: str, slurm: Any = None, open_store: Callable[[Conf
                         store = open_store(cfg)
                         last = int((intake.load(cfg, key) or {}).get("attempts") or 0) + 1 >= cfg.intake.max_attempts
                         finish_job(cfg, slurm, store, bdir, job_facts=facts, notes=_earlier_failures(cfg, key),
-                                   progress=progress, allow_unknown=last, sweep_comments=sweep_comments)
+                                   progress=progress, allow_unknown=last, sweep_comments=sweep_comments,
+                                   comments_to=comments_to)
                 except BaseException as err:
                     if not progress.get("stored") or isinstance(err, (KeyboardInterrupt, SystemExit)):
                         raise

@@ -45,7 +45,7 @@ def _analysis_dir(cfg: Config, bundle_dir: str) -> tuple[str, bool]:
 def finish_job(cfg: Config, slurm: SlurmAccess, store: Store, bundle_dir: str,
                job_facts: dict[str, Any] | None = None, notes: list[Coverage] | None = None,
                progress: dict[str, Any] | None = None, allow_unknown: bool = True,
-               sweep_comments: bool = True) -> Verdict:
+               sweep_comments: bool = True, comments_to: list[str] | None = None) -> Verdict:
     """The whole after-the-job flow for one bundle; returns the stored verdict.
 
     ``job_facts``: the intake's copy of the job's facts, used where the bundle has no job.json.
@@ -53,7 +53,9 @@ def finish_job(cfg: Config, slurm: SlurmAccess, store: Store, bundle_dir: str,
     job's final state, unless ``allow_unknown`` (the last attempt: partial over nothing).
     ``progress["stored"]`` turns true once the verdict is in the store (the caller then never
     replaces it with a partial one if a later step, e.g. the comment, fails). ``sweep_comments``:
-    also retry queued comments and re-check recent ones (a worker does that once per batch)."""
+    also retry queued comments and re-check recent ones (a worker does that once per batch).
+    ``comments_to``: only queue the comment and add the job id to this list (a worker writes its
+    batch's comments together, ``flush_comments``); None: write it here."""
     from .. import drain
     from . import reconcile
 
@@ -111,8 +113,11 @@ def finish_job(cfg: Config, slurm: SlurmAccess, store: Store, bundle_dir: str,
         text = comment.verdict_text(verdict, cfg.comment.max_len)
         raw = str(job.get("slurm_job_id") or verdict.job_id)
         store.queue_comment(verdict.job_id, raw, cfg.comment.field, text)
-        _write_comment_with_retries(cfg, slurm, store, verdict.job_id)
-        if sweep_comments:
+        if comments_to is not None:
+            comments_to.append(verdict.job_id)
+        else:
+            flush_comments(cfg, slurm, store, [verdict.job_id])
+        if comments_to is None and sweep_comments:
             sweep_comment_queue(cfg, slurm, store, verdict.job_id)
     log.info("job %s: %s (%s) in %.0f ms", verdict.job_id, verdict.cause, verdict.summary,
              (time.monotonic() - t0) * 1000)
@@ -171,18 +176,24 @@ def partial_verdict(cfg: Config, job: dict[str, Any], bundle_dir: str, failure: 
     return decide(job, symptoms, cov)
 
 
-def _write_comment_with_retries(cfg: Config, slurm: SlurmAccess, store: Store, job_id: str) -> None:
-    # slurmdbd may not have the job's record for a second or two after the end.
+def flush_comments(cfg: Config, slurm: SlurmAccess, store: Store, job_ids: list[str],
+                   sleep: Any = time.sleep) -> dict[str, str]:
+    """Write the queued comments of ``job_ids`` together (comment.write_many); a job accounting
+    has no record of yet is asked again (slurmdbd may lag the end by a second or two), the
+    others wait in the queue when accounting is down. {job id: error} of those not written."""
+    todo, failed = list(job_ids), {}
     delay = 0.5
     for _ in range(6):
-        ok, err = comment.write(slurm, store, job_id, cfg.comment.max_attempts, cfg.comment.max_len)
-        if ok:
-            return
-        log.info("job %s: comment not written yet (%s)", job_id, err)
-        if "no record" not in err:
-            return  # accounting is down, not lagging: the queue retries later
-        time.sleep(delay)
+        got = comment.write_many(slurm, store, todo, cfg.comment.max_attempts, cfg.comment.max_len)
+        failed = {j: err for j, (ok, err) in got.items() if not ok}
+        todo = [j for j, err in failed.items() if "no record" in err]
+        if not todo or any("no record" not in e and "did not keep" not in e for e in failed.values()):
+            break  # accounting is down, not lagging: the queue retries later
+        sleep(delay)
         delay = min(delay * 2, 4.0)
+    for j, err in failed.items():
+        log.info("job %s: comment not written yet (%s)", j, err)
+    return failed
 
 
 def _publish_user_copy(cfg: Config, job: dict[str, Any], verdict: Verdict) -> None:

@@ -30,6 +30,10 @@ log = logging.getLogger("slurm_attr")
 BATCH = 200          # jobs per batch: one sacct call (its id list is bounded at 200 too)
 POLL_S = 0.5         # while the only jobs left wait for node parts or accounting
 SETTLE_S = 10.0      # a job accounting has no final state for yet waits this long after its end
+# A batch's comments are written together (one slurmdbd connection) every this many verdicts
+# or seconds, whichever comes first: the Comment trails its verdict by at most a few seconds.
+COMMENT_FLUSH_N = 50
+COMMENT_FLUSH_S = 5.0
 FD_ENV = "SLURM_ATTR_WORKER_FD"
 
 
@@ -171,7 +175,12 @@ def _batch(cfg: Config, batched: Any, todo: list[dict[str, Any]], open_store: An
     logs = None
     out: dict[str, str] = {}
     now = time.time()
+    comments: list[str] = []  # job ids whose comment waits for the next flush
+    flushed_at = time.monotonic()
     for doc in todo:
+        if comments and (len(comments) >= COMMENT_FLUSH_N or time.monotonic() - flushed_at >= COMMENT_FLUSH_S):
+            _flush(cfg, batched, comments, open_store)
+            flushed_at = time.monotonic()
         key = doc["key"]
         if not batched.settled(_raw_id(doc)) and now - float(doc.get("since") or 0) < SETTLE_S:
             out[key] = "settling"  # accounting has not written the end yet: the next batch asks again
@@ -180,7 +189,7 @@ def _batch(cfg: Config, batched: Any, todo: list[dict[str, Any]], open_store: An
             logs = SchedulerLogs(log_paths(cfg.collect.scheduler_logs), SCHEDULER_LOG_CAP)
         try:
             out[key] = attempt.process(cfg, key, slurm=batched, open_store=open_store, retry_for_s=0, logs=logs,
-                                     pending_only=True, sweep_comments=False)
+                                     pending_only=True, sweep_comments=False, comments_to=comments)
         except Exception as err:  # noqa: BLE001 - one job's failure must not stop the others
             log.exception("job %s: worker could not process it: %s", key, err)
             try:  # counted and backed off, or the next look would take it again at once
@@ -188,7 +197,22 @@ def _batch(cfg: Config, batched: Any, todo: list[dict[str, Any]], open_store: An
             except OSError:
                 pass
             out[key] = "error"
+    _flush(cfg, batched, comments, open_store)
     return out
+
+
+def _flush(cfg: Config, batched: Any, comments: list[str], open_store: Any) -> None:
+    """The queued comments of the batch's stored verdicts, written together (three Slurm calls
+    for the lot); what does not go through stays queued for the sweep and the timer."""
+    from .finish import flush_comments
+
+    if not comments:
+        return
+    try:
+        flush_comments(cfg, batched.backend, open_store(cfg) if open_store else _store(cfg), list(comments))
+    except Exception as err:  # noqa: BLE001 - the verdicts are stored; the queue keeps the comments
+        log.warning("%d comments left queued: %s", len(comments), err)
+    comments.clear()
 
 
 def _after_run(cfg: Config, batched: Any, counts: Counter[str], open_store: Any) -> None:

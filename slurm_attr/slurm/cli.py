@@ -192,6 +192,56 @@ class CliSlurm:
         if "Nothing modified" in out or "Nothing to modify" in out:
             raise SlurmUnavailable(f"accounting has no record of job {job_id} yet")
 
+    def set_job_comments(self, items: list[tuple[str, str, str]]) -> dict[str, SlurmError | None]:
+        """set_job_comment for many (job id, field, text) over one slurmdbd connection
+        (`sattr-comment --batch`): {job id: None when written, else the error}. Without the
+        tool, one sacctmgr each. A job the tool never reached (slurmdbd lost mid-way) gets
+        SlurmUnavailable: it stays queued. "Unchanged" (24.11+) counts as written: the caller
+        reads every field back and tells an unchanged value from a job accounting lacks."""
+        out: dict[str, SlurmError | None] = {}
+        if not items:
+            return out
+        if not (self.comment_tool and os.access(self.comment_tool, os.X_OK)):
+            for job_id, field, text in items:
+                try:
+                    self.set_job_comment(job_id, field, text)
+                    out[job_id] = None
+                except SlurmError as err:
+                    out[job_id] = err
+            return out
+        by_num = {job_id.split("_")[0]: job_id for job_id, _f, _t in items}
+        payload = b"".join(f"{j.split('_')[0]}\0{f}\0{t}\0".encode() for j, f, t in items)
+        cmd = [self.comment_tool, "--batch", self.cluster_name()]
+        try:
+            proc = subprocess.run(cmd, input=payload, capture_output=True, env=self._env(),
+                                  timeout=min(300.0, self.timeout + 0.5 * len(items)))
+        except subprocess.TimeoutExpired as err:
+            raise SlurmUnavailable(f"sattr-comment --batch timed out ({len(items)} jobs)") from err
+        except OSError as err:
+            raise SlurmError(f"cannot run {cmd[0]}: {err.strerror}") from err
+        err_text = proc.stderr.decode(errors="replace").strip()
+        if proc.returncode == 3:
+            raise SlurmUnavailable(f"sattr-comment: {err_text}", stderr=err_text, returncode=3)
+        for line in proc.stdout.decode(errors="replace").splitlines():
+            num, _sp, rest = line.partition(" ")
+            code, _sp, msg = rest.partition(" ")
+            job_id = by_num.get(num)
+            if job_id is None or not code.isdigit():
+                continue
+            rc = int(code)
+            if rc == 0 or (rc == 5 and any(u in msg for u in _UNCHANGED)):
+                out[job_id] = None
+            elif rc == 4:
+                out[job_id] = SlurmUnavailable(f"accounting has no record of job {job_id} yet")
+            elif rc == 3:
+                out[job_id] = SlurmUnavailable(f"sattr-comment: {msg}", stderr=msg, returncode=3)
+            else:
+                out[job_id] = SlurmError(f"sattr-comment: {msg or 'exit ' + code}", stderr=msg, returncode=rc)
+        for job_id, _f, _t in items:
+            out.setdefault(job_id, SlurmUnavailable(f"sattr-comment stopped before job {job_id}"
+                                                    f"{': ' + err_text[:200] if err_text else ''}"))
+        return out
+
     def _set_comment_api(self, job_id: str, field: str, text: str) -> None:
         cmd = [self.comment_tool, self.cluster_name(), job_id.split("_")[0], field]
         try:

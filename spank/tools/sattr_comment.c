@@ -2,6 +2,13 @@
  * sattr-comment: write a finished job's Comment or AdminComment in accounting.
  *
  *   sattr-comment CLUSTER JOBID Comment|AdminComment < text
+ *   sattr-comment --batch CLUSTER < records
+ *
+ * --batch: many jobs over one slurmdbd connection (a worker's batch of verdicts, a
+ * re-application after a slurmctld restart). Records are JOBID NUL FIELD NUL TEXT NUL;
+ * each gets one line on stdout, "JOBID RC message", RC as below, committed one by one so
+ * one job's failure leaves the others written. Slurmdbd lost mid-way: the line says 3 and
+ * the rest are not tried (no line: the caller keeps them queued).
  *
  * Why not sacctmgr: `sacctmgr modify job ... set Comment=...` lowercases the
  * whole value on Slurm 22.05 (quoted or not), which would rewrite the user's
@@ -47,23 +54,146 @@ static int sattr_digits(const char *s)
 	return 1;
 }
 
+#define SATTR_BATCH_MAX 10000 /* records per run: a bound on what one run may do */
+
+static void sattr_step_cond(slurmdb_job_cond_t *cond, slurm_selected_step_t *step, const char *cluster,
+			    const char *jobid)
+{
+	memset(cond, 0, sizeof(*cond));
+	cond->cluster_list = slurm_list_create(NULL);
+	slurm_list_append(cond->cluster_list, (void *)cluster);
+	memset(step, 0, sizeof(*step));
+	step->array_task_id = NO_VAL;
+	step->het_job_offset = NO_VAL;
+	step->step_id.job_id = (uint32_t)strtoul(jobid, NULL, 10);
+	step->step_id.step_id = NO_VAL;
+	step->step_id.step_het_comp = NO_VAL;
+	/* No destructor: the element is the caller's, not from Slurm's allocator. */
+	cond->step_list = slurm_list_create(NULL);
+	slurm_list_append(cond->step_list, step);
+	/* As sacctmgr sets them: no default time window, the job's flags not filtered. */
+	cond->flags = JOBCOND_FLAG_NO_DEFAULT_USAGE;
+	cond->db_flags = SLURMDB_JOB_FLAG_NOTSET;
+}
+
+/* One job's field; the exit codes above, the reason in msg. */
+static int sattr_modify(void *db, const char *cluster, const char *jobid, const char *field, char *text,
+			char *msg, size_t msglen)
+{
+	slurmdb_job_cond_t cond;
+	/* The whole job (allocation), as `sacctmgr modify job where jobid=N` selects it. */
+	slurm_selected_step_t step;
+	slurmdb_job_rec_t *job;
+	sattr_list_t ret;
+	int rc = 5;
+
+	msg[0] = '\0';
+	sattr_step_cond(&cond, &step, cluster, jobid);
+	job = slurmdb_create_job_rec();
+	if (strcmp(field, "Comment") == 0)
+		job->derived_es = text;
+	else
+		job->admin_comment = text;
+	ret = slurmdb_job_modify(db, &cond, job);
+	if (ret && slurm_list_count(ret) > 0) {
+		rc = slurmdb_connection_commit(db, 1) == SLURM_SUCCESS ? 0 : 5;
+		if (rc)
+			snprintf(msg, msglen, "commit failed: %s", slurm_strerror(errno));
+	} else if (ret) {
+		snprintf(msg, msglen, "nothing modified: job %s not in accounting for cluster %s", jobid, cluster);
+		rc = 4;
+	} else {
+		snprintf(msg, msglen, "modify failed: %s", slurm_strerror(errno));
+		rc = errno == SLURM_PROTOCOL_SOCKET_IMPL_TIMEOUT ? 3 : 5;
+	}
+	/* The text is the caller's: detach it before the record would be freed. */
+	job->derived_es = NULL;
+	job->admin_comment = NULL;
+	if (ret)
+		slurm_list_destroy(ret);
+	slurm_list_destroy(cond.step_list);
+	slurm_list_destroy(cond.cluster_list);
+	return rc;
+}
+
+static int sattr_field_ok(const char *f)
+{
+	return strcmp(f, "Comment") == 0 || strcmp(f, "AdminComment") == 0;
+}
+
+static void *sattr_connect(void)
+{
+	uint16_t flags = 0;
+	void *db;
+
+	slurm_init(NULL);
+	db = slurmdb_connection_get(&flags);
+	if (!db)
+		fprintf(stderr, "sattr-comment: cannot connect to slurmdbd: %s\n", slurm_strerror(errno));
+	return db;
+}
+
+/* Reads one NUL-terminated item of at most cap bytes; 1 read, 0 clean end, -1 too long or cut. */
+static int sattr_item(char *buf, size_t cap)
+{
+	size_t n = 0;
+	int c;
+
+	while ((c = getchar()) != EOF) {
+		if (c == '\0') {
+			buf[n] = '\0';
+			return 1;
+		}
+		if (n == cap)
+			return -1;
+		buf[n++] = (char)c;
+	}
+	return n == 0 ? 0 : -1;
+}
+
+static int sattr_batch(const char *cluster)
+{
+	static char jobid[32], field[32], text[SATTR_TEXT_MAX + 1];
+	char msg[256];
+	void *db = NULL;
+	int n = 0, got, rc;
+
+	while (n < SATTR_BATCH_MAX && (got = sattr_item(jobid, sizeof(jobid) - 1)) == 1) {
+		if (sattr_item(field, sizeof(field) - 1) != 1 || sattr_item(text, SATTR_TEXT_MAX) != 1) {
+			fprintf(stderr, "sattr-comment: record %d cut or too long\n", n + 1);
+			break;
+		}
+		n++;
+		if (!sattr_digits(jobid) || !sattr_field_ok(field)) {
+			printf("%s 2 bad record\n", sattr_digits(jobid) ? jobid : "-");
+			continue;
+		}
+		if (!db && !(db = sattr_connect()))
+			return 3;
+		rc = sattr_modify(db, cluster, jobid, field, text, msg, sizeof(msg));
+		printf("%s %d %s\n", jobid, rc, msg);
+		fflush(stdout);
+		if (rc == 3)
+			break; /* slurmdbd gone: every further modify would wait out the same timeout */
+	}
+	if (db)
+		slurmdb_connection_close(&db);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	static char text[SATTR_TEXT_MAX + 1];
-	char jobid[16];
-	uint16_t flags = 0;
-	void *db = NULL;
-	slurmdb_job_cond_t cond;
-	slurmdb_job_rec_t *job = NULL;
-	sattr_list_t ret = NULL;
-	/* The whole job (allocation), as `sacctmgr modify job where jobid=N` selects it. */
-	static slurm_selected_step_t step;
+	char msg[256];
+	void *db;
 	size_t n;
-	int rc = 5;
+	int rc;
 
-	if (argc != 4 || !sattr_digits(argv[2]) ||
-	    (strcmp(argv[3], "Comment") != 0 && strcmp(argv[3], "AdminComment") != 0)) {
-		fprintf(stderr, "usage: sattr-comment CLUSTER JOBID Comment|AdminComment < text\n");
+	if (argc == 3 && strcmp(argv[1], "--batch") == 0)
+		return sattr_batch(argv[2]);
+	if (argc != 4 || !sattr_digits(argv[2]) || !sattr_field_ok(argv[3])) {
+		fprintf(stderr, "usage: sattr-comment CLUSTER JOBID Comment|AdminComment < text\n"
+				"       sattr-comment --batch CLUSTER < JOBID\\0FIELD\\0TEXT\\0...\n");
 		return 2;
 	}
 	n = fread(text, 1, SATTR_TEXT_MAX, stdin);
@@ -74,50 +204,11 @@ int main(int argc, char **argv)
 	}
 	while (n > 0 && (text[n - 1] == '\n' || text[n - 1] == '\r'))
 		text[--n] = '\0';
-	snprintf(jobid, sizeof(jobid), "%s", argv[2]);
-
-	slurm_init(NULL);
-	db = slurmdb_connection_get(&flags);
-	if (!db) {
-		fprintf(stderr, "sattr-comment: cannot connect to slurmdbd: %s\n", slurm_strerror(errno));
+	if (!(db = sattr_connect()))
 		return 3;
-	}
-	memset(&cond, 0, sizeof(cond));
-	cond.cluster_list = slurm_list_create(NULL);
-	slurm_list_append(cond.cluster_list, argv[1]);
-	step.array_task_id = NO_VAL;
-	step.het_job_offset = NO_VAL;
-	step.step_id.job_id = (uint32_t)strtoul(jobid, NULL, 10);
-	step.step_id.step_id = NO_VAL;
-	step.step_id.step_het_comp = NO_VAL;
-	/* No destructor: the element is static, not from Slurm's allocator. */
-	cond.step_list = slurm_list_create(NULL);
-	slurm_list_append(cond.step_list, &step);
-	/* As sacctmgr sets them: no default time window, the job's flags not filtered. */
-	cond.flags = JOBCOND_FLAG_NO_DEFAULT_USAGE;
-	cond.db_flags = SLURMDB_JOB_FLAG_NOTSET;
-	job = slurmdb_create_job_rec();
-	if (strcmp(argv[3], "Comment") == 0)
-		job->derived_es = text;
-	else
-		job->admin_comment = text;
-
-	ret = slurmdb_job_modify(db, &cond, job);
-	if (ret && slurm_list_count(ret) > 0) {
-		rc = slurmdb_connection_commit(db, 1) == SLURM_SUCCESS ? 0 : 5;
-		if (rc)
-			fprintf(stderr, "sattr-comment: commit failed: %s\n", slurm_strerror(errno));
-	} else if (ret) {
-		fprintf(stderr, "sattr-comment: nothing modified: job %s not in accounting for cluster %s\n",
-			jobid, argv[1]);
-		rc = 4;
-	} else {
-		fprintf(stderr, "sattr-comment: modify failed: %s\n", slurm_strerror(errno));
-		rc = errno == SLURM_PROTOCOL_SOCKET_IMPL_TIMEOUT ? 3 : 5;
-	}
-	/* The text is ours (static): detach it before the record would be freed. */
-	job->derived_es = NULL;
-	job->admin_comment = NULL;
+	rc = sattr_modify(db, argv[1], argv[2], argv[3], text, msg, sizeof(msg));
+	if (rc)
+		fprintf(stderr, "sattr-comment: %s\n", msg);
 	slurmdb_connection_close(&db);
 	return rc;
 }

@@ -178,3 +178,24 @@ def test_comment_survives_a_slurmctld_restart(cluster):
     # Near miss: a second pass finds nothing to re-apply.
     again = cluster.sattr("comments", "--verify", "--since", "10m")
     assert " 0 re-applied" in again.stderr, again.stderr
+
+
+def test_batch_tool_writes_many_jobs_over_one_connection(cluster):
+    """`sattr-comment --batch`, what a worker uses for its batch's comments, against the real
+    slurmdbd: each job's text lands as given (case, newline and ';' kept), and a job accounting
+    does not have is answered 4 without costing the others their write."""
+    jobs = [cluster.sbatch("#!/bin/bash\n#SBATCH -N1\ntrue\n", user="sattrtest") for _ in range(3)]
+    ours = {}
+    for j in jobs:
+        cluster.wait_state(j)
+        ours[j] = wait_ours(cluster, j)  # our worker's write first, so it cannot overwrite the test's
+    # the new texts end with our part as written: a worker's re-check finds it intact, no race
+    texts = {j: f"Batch {j}\nline two; {ours[j]}" for j in jobs}
+    payload = "".join(f"{j}\0Comment\0{t}\0" for j, t in texts.items()) + "999999\0Comment\0x\0"
+    proc = subprocess.run([str(cluster.base / "lib" / "sattr-comment"), "--batch", "sattrtest"],
+                          input=payload, capture_output=True, text=True, timeout=60, env=cluster.env)
+    assert proc.returncode == 0, proc.stderr
+    answers = dict(line.split(" ", 1) for line in proc.stdout.splitlines())
+    assert {j: answers[j].split(" ")[0] for j in jobs} == {j: "0" for j in jobs}, proc.stdout
+    assert answers["999999"].startswith("4 "), proc.stdout  # near miss: not in accounting
+    assert {j: whole_comment(cluster, j) for j in jobs} == texts

@@ -99,3 +99,43 @@ def test_unchanged_modify_is_success_when_the_value_is_there_else_not_yet(tmp_pa
     with pytest.raises(Exception) as info:
         bad.set_job_comment("12", "Comment", "x")
     assert not isinstance(info.value, SlurmUnavailable)
+
+
+def _batch_tool(tmp_path, body):
+    """A stand-in for `sattr-comment --batch` that reads the NUL-separated records."""
+    tool = tmp_path / "sattr-comment"
+    tool.write_text("#!/usr/bin/python3\nimport sys\nassert sys.argv[1:] == ['--batch', 'c']\n"
+                    "items = sys.stdin.buffer.read().split(b'\\0')[:-1]\n"
+                    "recs = [items[i:i + 3] for i in range(0, len(items), 3)]\n" + body)
+    tool.chmod(0o755)
+    return str(tool)
+
+
+def test_batch_write_maps_each_jobs_answer(tmp_path, monkeypatch):
+    from slurm_attr.errors import SlurmUnavailable
+    from slurm_attr.slurm.cli import CliSlurm
+
+    tool = _batch_tool(tmp_path, (
+        "assert [r[1] for r in recs] == [b'Comment'] * 5 and recs[4][2] == b'a; b\\nc'\n"
+        "answers = {b'1': \"0 \", b'2': \"4 nothing modified\", b'3': \"5 modify failed: Request didn't affect anything\",\n"
+        "           b'4': '5 modify failed: Access/permission denied'}\n"
+        "for jid, _f, _t in recs[:4]:\n"
+        "    print(jid.decode(), answers[jid])\n"
+        "sys.stderr.write('lost slurmdbd')\n"))
+    s = CliSlurm(comment_tool=tool)
+    monkeypatch.setattr(s, "cluster_name", lambda: "c")
+    got = s.set_job_comments([(j, "Comment", "x") for j in ("1", "2", "3", "4")] + [("5", "Comment", "a; b\nc")])
+    assert got["1"] is None and got["3"] is None  # unchanged: the caller's read-back decides
+    assert isinstance(got["2"], SlurmUnavailable) and "no record" in str(got["2"])
+    assert not isinstance(got["4"], SlurmUnavailable) and "permission" in str(got["4"])
+    assert isinstance(got["5"], SlurmUnavailable) and "stopped before job 5" in str(got["5"])
+
+
+def test_batch_write_without_slurmdbd_raises(tmp_path, monkeypatch):
+    from slurm_attr.errors import SlurmUnavailable
+    from slurm_attr.slurm.cli import CliSlurm
+
+    s = CliSlurm(comment_tool=_batch_tool(tmp_path, "sys.stderr.write('cannot connect to slurmdbd')\nsys.exit(3)\n"))
+    monkeypatch.setattr(s, "cluster_name", lambda: "c")
+    with pytest.raises(SlurmUnavailable):
+        s.set_job_comments([("1", "Comment", "x")])

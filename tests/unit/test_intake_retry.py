@@ -235,7 +235,7 @@ def test_a_failure_after_the_verdict_is_stored_never_replaces_it_with_a_partial(
     def comment_timeout(*a, **k):
         raise attempt.AnalysisTimeout("analysis exceeded [analysis] timeout_s")
 
-    monkeypatch.setattr(finish, "_write_comment_with_retries", comment_timeout)
+    monkeypatch.setattr(finish, "flush_comments", comment_timeout)
     assert attempt.process(cfg, "100", slurm=JobSlurm()) == "stored"
     v = _stored(cfg, "100")
     assert v.cause == "none" and not [c for c in v.coverage if c.source == "analysis"]

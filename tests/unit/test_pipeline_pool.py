@@ -130,3 +130,34 @@ def test_a_job_another_worker_stored_is_not_analysed_again(cfg, monkeypatch):
     monkeypatch.setattr("slurm_attr.pipeline.finish.finish_job", lambda *a, **k: calls.append(a))
     assert attempt.process(cfg, "31", slurm=object(), pending_only=True) == "gone"
     assert calls == []
+
+
+def test_a_batchs_comments_are_written_together_every_n_verdicts(cfg, monkeypatch):
+    """Each stored verdict only queues its comment; the worker writes them in groups of
+    COMMENT_FLUSH_N (and the rest at the batch's end), never one Slurm write per job."""
+    from slurm_attr.store import Store
+
+    cfg.comment.enabled = True
+    store = Store(memory=True)
+    final = {"State": "FAILED", "ExitCode": "1:0"}
+    ids = [str(j) for j in range(300, 307)]
+    backend = Acct({j: final for j in ids})
+    writes = []
+    backend.set_job_comments = lambda items: writes.append([i[0] for i in items]) or {i[0]: None for i in items}
+    now = time.time()
+    for n, j in enumerate(ids):
+        _pending(cfg, j, since=now - 10 + n * 0.001)
+
+    def process(cfg_, key, slurm=None, comments_to=None, **kw):
+        store.queue_comment(key, key, "Comment", f"SATTR1: none - job {key}")
+        comments_to.append(key)
+        intake.done(cfg_, key)
+        return "stored"
+    monkeypatch.setattr(attempt, "process", process)
+    monkeypatch.setattr(pool, "COMMENT_FLUSH_N", 3)
+    # accounting: empty until written, then our text (what the read-back checks)
+    backend.job_comments = lambda job_ids, field: {j: f"SATTR1: none - job {j}" if j in sum(writes, []) else ""
+                                                   for j in job_ids}
+    pool.work(cfg, pool._take_slot(cfg), slurm=backend, open_store=lambda c: store)
+    assert writes == [ids[0:3], ids[3:6], ids[6:7]]
+    assert all(store.comment(j)["status"] == "written" for j in ids)

@@ -21,6 +21,9 @@ from . import config as config_mod
 from . import spool
 from .pipeline.record import opted_out
 
+# The node epilog's one question to slurmctld (22.05 only: the trusted job start), kept short.
+SCONTROL_TIMEOUT_S = 3.0
+
 log = logging.getLogger("slurm_attr")
 
 
@@ -65,14 +68,16 @@ def node_main(env: dict[str, str]) -> int:
     cfg = config_mod.load()
     key = spool.bundle_key(job_id, _int(env.get("SLURM_JOB_RESTART_COUNT")))
     start = _int(env.get("SLURM_JOB_START_TIME")) or None
-    from .collect.window import scontrol_reader
+    from .slurm.cli import CliSlurm
 
     # uid: a job dir owned by anyone else is neither read nor removed; show_job: the trusted start
-    # (22.05's epilog env has no SLURM_JOB_START_TIME), issue 10.
+    # (22.05's epilog env has no SLURM_JOB_START_TIME), issue 10, asked once and briefly: the whole
+    # epilog has PrologEpilogTimeout.
+    ctl = CliSlurm(cfg.paths.slurm_bin, env.get("SLURM_CONF") or cfg.paths.slurm_conf, timeout=SCONTROL_TIMEOUT_S)
     job = NodeJob(job_id=job_id, node=node, bundle_key=key, opted_out=opted_out(env),
                   start=float(start) if start else None,
                   uid=_int(env.get("SLURM_JOB_UID"), -1) if env.get("SLURM_JOB_UID", "").isdigit() else None,
-                  show_job=scontrol_reader(cfg.paths.slurm_bin, env.get("SLURM_CONF") or cfg.paths.slurm_conf))
+                  show_job=ctl.show_job_raw)
     t0 = time.monotonic()
     try:
         try:

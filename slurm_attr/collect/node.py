@@ -39,7 +39,7 @@ class NodeJob:
     end: float = field(default_factory=time.time)
     # The job's uid (SLURM_JOB_UID): a job dir owned by anyone else is neither read nor removed.
     uid: int | None = None
-    # Raw `scontrol -o show job` reader for the trusted start (window.scontrol_reader); None: not asked.
+    # Raw `scontrol -o show job` reader for the trusted start (CliSlurm.show_job_raw); None: not asked.
     show_job: Any = None
 
 

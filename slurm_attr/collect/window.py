@@ -175,27 +175,5 @@ def resolve(job_id: str, end: float, slack: float, env_start: Optional[float] = 
                   detail=f"no trusted job start ({why}): only the {slack:.0f}s before the job's end were read")
 
 
-# The node epilog asks slurmctld once, briefly: the whole epilog has PrologEpilogTimeout.
-SCONTROL_TIMEOUT_S = 3.0
-
-
-def scontrol_reader(slurm_bin: str, slurm_conf: str,
-                    timeout: float = SCONTROL_TIMEOUT_S) -> Callable[[str], Optional[str]]:
-    """A show_job for ``resolve``: the raw `scontrol -o show job N` output, None if unknown/failing."""
-    import subprocess
-
-    def read(job_id: str) -> Optional[str]:
-        env = dict(os.environ)
-        env["PATH"] = f"{slurm_bin}:{env.get('PATH', '/usr/bin:/bin')}"
-        if slurm_conf:
-            env["SLURM_CONF"] = slurm_conf
-        try:
-            proc = subprocess.run([os.path.join(slurm_bin, "scontrol"), "-o", "show", "job", job_id],
-                                  capture_output=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        if proc.returncode != 0:
-            return None
-        return proc.stdout[:1 << 20].decode("utf-8", errors="replace")
 
     return read

@@ -94,9 +94,16 @@ def _detached(args: list[str], env: dict[str, str], fds: tuple[int, ...] = ()) -
 
 
 def lower_priority() -> None:
-    """Nice 10 and the lowest best-effort I/O class: slurmctld comes first on its own host."""
+    """slurmctld comes first on its own host: the batch scheduling class at nice 19 (the CPU
+    share of a nice-19 task beside a nice-0 one is about 1.5%, where nice 10 left ~10%: a burst
+    of job ends then slowed `squeue` 1.66x at p90 on the 2-core test controller) and the lowest
+    best-effort I/O class. Workers catch up once the burst's own load is over."""
     try:
-        os.nice(10)
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    except (OSError, AttributeError):
+        pass
+    try:
+        os.nice(19 - os.nice(0))
     except OSError:
         pass
     import ctypes

@@ -94,8 +94,9 @@ class CliSlurm:
     def run(self, tool: str, *args: str) -> str:
         cmd = [os.path.join(self.slurm_bin, tool), *args]
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=self.timeout,
-                                  env=self._env(), stdin=subprocess.DEVNULL)
+            # Job-chosen text (names, comments, paths) need not be UTF-8: never fail on it.
+            proc = subprocess.run(cmd, capture_output=True, encoding="utf-8", errors="replace",
+                                  timeout=self.timeout, env=self._env(), stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired as err:
             raise SlurmUnavailable(f"{tool} timed out after {self.timeout:.0f}s", stderr=str(err.stderr or "")) from err
         except OSError as err:
@@ -108,6 +109,14 @@ class CliSlurm:
         return proc.stdout
 
     # -- jobs ---------------------------------------------------------------------
+    def show_job_raw(self, job_id: str) -> str | None:
+        """`scontrol -o show job` as printed (at most 1 MiB), None when unknown or Slurm does not
+        answer: the node epilog reads the trusted start structurally from it (collect/window.py)."""
+        try:
+            return self.run("scontrol", "-o", "show", "job", job_id)[:1 << 20]
+        except SlurmError:
+            return None
+
     def show_job(self, job_id: str) -> dict[str, str] | None:
         try:
             out = self.run("scontrol", "-o", "show", "job", job_id)

@@ -139,3 +139,13 @@ def test_batch_write_without_slurmdbd_raises(tmp_path, monkeypatch):
     monkeypatch.setattr(s, "cluster_name", lambda: "c")
     with pytest.raises(SlurmUnavailable):
         s.set_job_comments([("1", "Comment", "x")])
+
+
+def test_job_text_that_is_not_utf8_is_read_not_fatal(tmp_path):
+    """A job's name or comment in another encoding reaches every Slurm listing we read."""
+    from slurm_attr.slurm.cli import CliSlurm
+
+    (tmp_path / "scontrol").write_bytes(b"#!/bin/sh\nprintf 'JobId=5 JobName=caf\\351 UserId=u(1)\\n'\n")
+    (tmp_path / "scontrol").chmod(0o755)
+    raw = CliSlurm(slurm_bin=str(tmp_path)).show_job_raw("5")
+    assert raw is not None and raw.startswith("JobId=5 JobName=caf\ufffd ")

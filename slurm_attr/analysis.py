@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from .bundle import Bundle
 from .config import Config
@@ -30,14 +31,35 @@ def _analysers() -> list[tuple[str, Analyser]]:
     return [(name, importlib.import_module(mod).analyze) for name, mod in ANALYSERS]
 
 
+@dataclass
+class Gathered:
+    """What the analysers found in a bundle, before the decision: the part of an analysis that
+    grows with the bundle (an offloaded analysis job computes it, pipeline/offload.py)."""
+    job: dict[str, Any]
+    symptoms: list[Symptom]
+    coverage: list[Coverage]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"job": self.job, "symptoms": [s.to_dict() for s in self.symptoms],
+                "coverage": [c.to_dict() for c in self.coverage]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Gathered":
+        return cls(job=dict(d["job"]), symptoms=[Symptom.from_dict(s) for s in d["symptoms"]],
+                   coverage=[Coverage(**c) for c in d["coverage"]])
+
+
 def run_bundle(path: str, cfg: Config, history: object | None = None, job: dict | None = None,
                extra: "list[Symptom] | None" = None) -> Verdict:
     """Analyse the bundle at path. One failing analyser costs its coverage, not the verdict.
 
     ``job``: scheduler facts the caller holds (the intake's copy) over the bundle's job.json,
     for when the spool could not take job.json. ``extra``: symptoms found outside the bundle."""
-    from . import verdict as verdict_mod
+    return conclude(gather(path, cfg, job), history, extra)
 
+
+def gather(path: str, cfg: Config, job: dict | None = None) -> Gathered:
+    """Every analyser over the bundle: symptoms and coverage (reads only the bundle)."""
     t0 = time.monotonic()
     bundle = Bundle(path)
     if job:
@@ -53,7 +75,6 @@ def run_bundle(path: str, cfg: Config, history: object | None = None, job: dict 
             continue
         symptoms.extend(s)
         coverage.extend(c)
-    symptoms.extend(extra or [])  # findings that reached the caller another way (Slurm's drain reason)
     coverage.extend(bundle.coverage)  # job.json problems etc.
     # The collector and the analyser of a source may both report the same gap: say it once.
     seen: set[tuple[str, str | None, str]] = set()
@@ -63,19 +84,24 @@ def run_bundle(path: str, cfg: Config, history: object | None = None, job: dict 
         if c.status == "ok" or key not in seen:
             unique.append(c)
         seen.add(key)
-    coverage = unique
     # The rank map may come from the node collectors rather than job.json: decide sees the same.
     job = dict(bundle.job)
     if "ranks" not in job and bundle.ranks():
         job["ranks"] = {str(r): n for r, n in bundle.ranks().items()}
     _bound_output_times(bundle, cfg, symptoms, job)
     _mark_attributed(bundle, symptoms)
+    log.debug("gathered %s in %.0f ms", path, (time.monotonic() - t0) * 1000)
+    return Gathered(job=job, symptoms=symptoms, coverage=unique)
+
+
+def conclude(g: Gathered, history: object | None = None, extra: "list[Symptom] | None" = None) -> Verdict:
+    """The decision over what was gathered, with the store's history (recurrences, earlier
+    drains) and ``extra`` symptoms found outside the bundle (Slurm's drain reason)."""
+    from . import verdict as verdict_mod
     from .rules.jobwide import before_verdict
 
-    symptoms = before_verdict(symptoms, job, history)  # type: ignore[arg-type]  # the catalog's job-wide rules
-    v = verdict_mod.decide(job, symptoms, coverage)
-    log.debug("analysed %s in %.0f ms", path, (time.monotonic() - t0) * 1000)
-    return v
+    symptoms = before_verdict([*g.symptoms, *(extra or [])], g.job, history)  # type: ignore[arg-type]
+    return verdict_mod.decide(dict(g.job), symptoms, list(g.coverage))
 
 
 def _bound_output_times(bundle: Bundle, cfg: Config, symptoms: list[Symptom], job: dict) -> None:

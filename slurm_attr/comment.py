@@ -38,6 +38,7 @@ TRUNCATED = "...[truncated]"
 USER_MIN = 64
 # Characters that would break sacctmgr's argument parsing or the one-line field.
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f'\"|]")
+_ARRAY_TASK = re.compile(r"\d+_\d+")
 
 
 def _clean(text: str) -> str:
@@ -206,8 +207,10 @@ def write_many(slurm: SlurmAccess, store: Store, job_ids: list[str], give_up_aft
 
 def _write_field(slurm: SlurmAccess, store: Store, field: str, rows: dict[str, dict],
                  max_len: int) -> dict[str, tuple[bool, str]]:
-    # Accounting knows array tasks by their own numeric id, not A_T.
+    # Accounting lists array tasks by their own numeric id (read by it), but a write must name
+    # an array task as A_T: by number, the task whose id is the array's selects every task.
     raw = {j: str(r.get("slurm_job_id") or j) for j, r in rows.items()}
+    wid = {j: j if _ARRAY_TASK.fullmatch(j) else raw[j] for j in rows}
     out: dict[str, tuple[bool, str]] = {}
     try:
         current = _current_comments(slurm, list(raw.values()), field)
@@ -226,12 +229,12 @@ def _write_field(slurm: SlurmAccess, store: Store, field: str, rows: dict[str, d
             writes[j] = (full, ours)
     if writes:
         try:
-            errs = _set_comments(slurm, [(raw[j], field, full) for j, (full, _o) in writes.items()])
-            back = _current_comments(slurm, [raw[j] for j in writes if errs.get(raw[j]) is None], field)
+            errs = _set_comments(slurm, [(wid[j], field, full) for j, (full, _o) in writes.items()])
+            back = _current_comments(slurm, [raw[j] for j in writes if errs.get(wid[j]) is None], field)
         except SlurmError as err:
             return {**out, **{j: (False, str(err)) for j in writes}}
         for j, (_full, ours) in writes.items():
-            err = errs.get(raw[j])
+            err = errs.get(wid[j])
             if err is not None:
                 out[j] = (False, str(err))
             elif back.get(raw[j]) is None:

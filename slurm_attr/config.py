@@ -96,6 +96,18 @@ class Analysis:
     timeout_s: float = 120.0
     # Extra rule directory with site rules (added to the built-in catalog).
     extra_rules: str = ""
+    # "slurm": a bundle of at least offload_min_nodes nodes or offload_min_bytes bytes is analysed
+    # by a Slurm job in offload_partition/_qos/_account (the spool shared with those nodes);
+    # "off": every analysis on the controller.
+    offload: str = "off"
+    offload_min_nodes: int = 256
+    offload_min_bytes: int = 4 << 30
+    offload_partition: str = ""
+    offload_qos: str = ""
+    offload_account: str = ""
+    offload_time_s: int = 1800
+    # The Python with slurm_attr on the analysis nodes ("": the worker's own).
+    offload_python: str = ""
 
 
 @dataclass
@@ -310,6 +322,10 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("[spool] keep_days and max_bytes must be >= 0")
     if cfg.collect.job_cap_bytes <= 0:
         raise ConfigError("[collect] job_cap_bytes: must be positive")
+    if cfg.analysis.offload not in ("off", "slurm") or cfg.analysis.offload_min_nodes < 1 \
+            or cfg.analysis.offload_min_bytes < 1 or cfg.analysis.offload_time_s < 60:
+        raise ConfigError("[analysis] offload must be \"off\" or \"slurm\", offload_min_nodes and "
+                          "offload_min_bytes >= 1, offload_time_s >= 60")
     if not 0 <= cfg.analysis.workers <= 64:
         raise ConfigError(f"[analysis] workers: must be within 0..64 (0: a quarter of the cores), got {cfg.analysis.workers!r}")
     if cfg.live.hang_after_s <= 0 or not 0.05 <= cfg.live.interval_s <= 60:

@@ -150,6 +150,25 @@ def controller_main(env: dict[str, str]) -> int:
     return 0
 
 
+def offloaded_main(bundle_dir: str) -> int:
+    """An analysis job a worker submitted (``[analysis] offload``): the bundle's findings to
+    ``offload.json`` in it. Not a hook: a failure is this job's exit 1, which the worker reads
+    as "ended without a result" and analyses the bundle itself."""
+    from .pipeline.offload import write_result
+
+    cfg = config_mod.load()
+    root = os.path.realpath(spool.bundles_root(cfg.paths.spool))
+    real = os.path.realpath(bundle_dir)
+    if os.path.dirname(real) != root or not spool.valid_job_id(os.path.basename(real).split(".r")[0]):
+        log.error("offloaded: %r is not a bundle of the spool %s", bundle_dir, root)
+        return 2
+    try:
+        return write_result(real, cfg)
+    except Exception:  # noqa: BLE001 - said in the job's output; the worker falls back
+        log.exception("offloaded analysis of %s failed", real)
+        return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     env = dict(os.environ)
@@ -167,7 +186,9 @@ def main(argv: list[str] | None = None) -> int:
             return work_main(env)
         if what == "analyze" and len(argv) == 2 and spool.valid_job_id(argv[1].split(".r")[0]):
             return analyze_main(argv[1])
-        log.error("usage: python -m slurm_attr.hooks node|controller|work|analyze KEY")
+        if what == "offloaded" and len(argv) == 2:
+            return offloaded_main(argv[1])
+        log.error("usage: python -m slurm_attr.hooks node|controller|work|analyze KEY|offloaded BUNDLE")
     except BaseException as err:  # noqa: BLE001 - the hook must never fail the node or the job
         log.exception("%s hook failed after %.1fs: %s", what or "?", time.monotonic() - t0, err)
     return 0

@@ -114,6 +114,9 @@ def process(cfg: Config, key: str, slurm: Any = None, open_store: Callable[[Conf
         facts = entry.get("job") or {}
         if facts.get("facts_source") == "env" and not os.path.exists(os.path.join(bdir, "job.json")):
             _controller_part(cfg, key, bdir, facts, logs)
+        gathered, outcome = _offloaded(cfg, key, entry, bdir, facts, slurm, open_store)
+        if outcome:
+            return outcome
         give_up_at = time.monotonic() + retry_for_s
         while True:
             store = None
@@ -125,7 +128,7 @@ def process(cfg: Config, key: str, slurm: Any = None, open_store: Callable[[Conf
                         last = int((intake.load(cfg, key) or {}).get("attempts") or 0) + 1 >= cfg.intake.max_attempts
                         finish_job(cfg, slurm, store, bdir, job_facts=facts, notes=_earlier_failures(cfg, key),
                                    progress=progress, allow_unknown=last, sweep_comments=sweep_comments,
-                                   comments_to=comments_to)
+                                   comments_to=comments_to, gathered=gathered)
                 except BaseException as err:
                     if not progress.get("stored") or isinstance(err, (KeyboardInterrupt, SystemExit)):
                         raise
@@ -153,6 +156,40 @@ def process(cfg: Config, key: str, slurm: Any = None, open_store: Callable[[Conf
                 log.exception("job %s: analysis failed", key)
                 return _partial(cfg, key, facts, bdir, store, open_store,
                                 f"analysis crashed: {type(err).__name__}: {err}", slurm)
+
+
+def _offloaded(cfg: Config, key: str, entry: dict[str, Any], bdir: str, facts: dict[str, Any], slurm: Any,
+               open_store: Callable[[Config], Any]) -> tuple[Any, str]:
+    """(what an offloaded analysis job found, "") to conclude now; (None, outcome) when this
+    attempt ends here: "offloaded" (submitted, or its job still runs) or a partial verdict's
+    outcome (its job ended without a result: the next attempt analyses here); (None, "") when
+    the bundle is analysed here."""
+    from ..errors import SlurmError
+    from . import offload
+    from .finish import prepare_job
+
+    off = entry.get("offload")
+    if off:
+        found = offload.result(bdir)
+        if found is not None:
+            return found, ""
+        state = offload.ended_without_result(slurm, str(off.get("job_id")))
+        if state is None:
+            return None, "offloaded"
+        intake.mark(cfg, key, offload=None, offload_failed=True)
+        return None, _partial(cfg, key, facts, bdir, None, open_store,
+                              f"the offloaded analysis job {off.get('job_id')} ended {state} without a result", slurm)
+    if not offload.wanted(cfg, bdir, facts, entry):
+        return None, ""
+    job, _err = prepare_job(cfg, slurm, bdir, facts)
+    if not job.get("state"):
+        return None, ""  # the analysis here says why (accounting): nothing to offload yet
+    try:
+        offload.submit(cfg, slurm, key, bdir)
+    except SlurmError as err:
+        log.warning("job %s: offload refused (%s); analysed here", key, err)
+        return None, ""
+    return None, "offloaded"
 
 
 def _controller_part(cfg: Config, key: str, bdir: str, facts: dict[str, Any], logs: Any) -> None:

@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from .. import comment, spool
-from ..analysis import run_bundle
+from ..analysis import Gathered, conclude, run_bundle
 from ..collect import controller
 from ..config import Config
 from ..errors import SattrError, SlurmError
@@ -45,7 +45,8 @@ def _analysis_dir(cfg: Config, bundle_dir: str) -> tuple[str, bool]:
 def finish_job(cfg: Config, slurm: SlurmAccess, store: Store, bundle_dir: str,
                job_facts: dict[str, Any] | None = None, notes: list[Coverage] | None = None,
                progress: dict[str, Any] | None = None, allow_unknown: bool = True,
-               sweep_comments: bool = True, comments_to: list[str] | None = None) -> Verdict:
+               sweep_comments: bool = True, comments_to: list[str] | None = None,
+               gathered: Gathered | None = None) -> Verdict:
     """The whole after-the-job flow for one bundle; returns the stored verdict.
 
     ``job_facts``: the intake's copy of the job's facts, used where the bundle has no job.json.
@@ -55,26 +56,14 @@ def finish_job(cfg: Config, slurm: SlurmAccess, store: Store, bundle_dir: str,
     replaces it with a partial one if a later step, e.g. the comment, fails). ``sweep_comments``:
     also retry queued comments and re-check recent ones (a worker does that once per batch).
     ``comments_to``: only queue the comment and add the job id to this list (a worker writes its
-    batch's comments together, ``flush_comments``); None: write it here."""
+    batch's comments together, ``flush_comments``); None: write it here. ``gathered``: what an
+    offloaded analysis job found in the bundle (offload.py): concluded here instead of analysing."""
     from .. import drain
     from . import reconcile
 
     t0 = time.monotonic()
-    job = settle.read_job_json(bundle_dir) or dict(job_facts or {})
+    job, acct_err = prepare_job(cfg, slurm, bundle_dir, job_facts)
     nodes = [n for n in job.get("nodes") or [] if isinstance(n, str)]
-    if os.path.isdir(bundle_dir):
-        missing = controller.wait_for_nodes(bundle_dir, nodes, t0 + cfg.analysis.node_wait_s)
-        if missing:
-            log.warning("job %s: no node part from %s after %.0fs", job.get("job_id"), ",".join(missing),
-                        cfg.analysis.node_wait_s)
-    job, acct_err = settle.settle_state(slurm, job, time.monotonic() + settle.SACCT_SETTLE_S)
-    try:
-        with open(os.path.join(bundle_dir, "job.json"), "w") as f:
-            json.dump(job, f, indent=1)
-    except OSError as err:
-        log.warning("job %s: job.json not updated on the spool (%s); analysing from the facts in memory",
-                    job.get("job_id"), err)
-
     adir, stand_in = _analysis_dir(cfg, bundle_dir)
     if stand_in and nodes:
         # The fast path's drain (in Slurm's reason) is the only word a node has here: let it land.
@@ -82,9 +71,13 @@ def finish_job(cfg: Config, slurm: SlurmAccess, store: Store, bundle_dir: str,
         if not controller.wait_for_epilogs(slurm, raw, t0 + cfg.analysis.node_wait_s):
             log.warning("job %s: node epilogs not finished after %.0fs", raw, cfg.analysis.node_wait_s)
     fast = reconcile.fast_decisions(bundle_dir if not stand_in else "", job, slurm, store)
+    extra = reconcile.reason_symptoms(bundle_dir if not stand_in else "", fast)
     try:
-        verdict = run_bundle(adir, cfg, history=store, job=job,
-                             extra=reconcile.reason_symptoms(bundle_dir if not stand_in else "", fast))
+        if gathered is not None:  # an offloaded job read the bundle (offload.py); the decision is here
+            gathered.job = {**gathered.job, **job, "job_id": str(job.get("job_id") or gathered.job.get("job_id"))}
+            verdict = conclude(gathered, history=store, extra=extra)
+        else:
+            verdict = run_bundle(adir, cfg, history=store, job=job, extra=extra)
     finally:
         if stand_in:
             shutil.rmtree(adir, ignore_errors=True)
@@ -122,6 +115,28 @@ def finish_job(cfg: Config, slurm: SlurmAccess, store: Store, bundle_dir: str,
     log.info("job %s: %s (%s) in %.0f ms", verdict.job_id, verdict.cause, verdict.summary,
              (time.monotonic() - t0) * 1000)
     return verdict
+
+
+def prepare_job(cfg: Config, slurm: SlurmAccess, bundle_dir: str,
+                job_facts: dict[str, Any] | None) -> tuple[dict[str, Any], str]:
+    """The job's facts settled: its node parts waited for (up to node_wait_s), its final state
+    from accounting (or slurmctld), job.json rewritten with them. (job, accounting's error)."""
+    t0 = time.monotonic()
+    job = settle.read_job_json(bundle_dir) or dict(job_facts or {})
+    nodes = [n for n in job.get("nodes") or [] if isinstance(n, str)]
+    if os.path.isdir(bundle_dir):
+        missing = controller.wait_for_nodes(bundle_dir, nodes, t0 + cfg.analysis.node_wait_s)
+        if missing:
+            log.warning("job %s: no node part from %s after %.0fs", job.get("job_id"), ",".join(missing),
+                        cfg.analysis.node_wait_s)
+    job, acct_err = settle.settle_state(slurm, job, time.monotonic() + settle.SACCT_SETTLE_S)
+    try:
+        with open(os.path.join(bundle_dir, "job.json"), "w") as f:
+            json.dump(job, f, indent=1)
+    except OSError as err:
+        log.warning("job %s: job.json not updated on the spool (%s); analysing from the facts in memory",
+                    job.get("job_id"), err)
+    return job, acct_err
 
 
 def sweep_comment_queue(cfg: Config, slurm: SlurmAccess, store: Store, job_id: str = "") -> None:

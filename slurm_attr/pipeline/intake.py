@@ -116,6 +116,16 @@ def note(cfg: Config, key: str, text: str) -> None:
         _atomic_write(_path(cfg, key), doc)
 
 
+def mark(cfg: Config, key: str, **fields: Any) -> dict[str, Any] | None:
+    """Set fields of a pending entry (an offloaded analysis's job id, say) without counting an
+    attempt; None when the entry is gone."""
+    doc = load(cfg, key)
+    if doc is not None:
+        doc.update(fields)
+        _atomic_write(_path(cfg, key), doc)
+    return doc
+
+
 def failed(cfg: Config, key: str, error: str, partial: bool = False) -> dict[str, Any] | None:
     """Count a failed attempt: keep the error, schedule the next try. After
     ``[intake] max_attempts`` the entry is given up (removed) and None returned."""

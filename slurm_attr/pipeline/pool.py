@@ -22,7 +22,7 @@ from collections import Counter
 from typing import Any
 
 from .. import spool
-from . import intake, record
+from . import intake, offload, record
 from ..config import Config
 
 log = logging.getLogger("slurm_attr")
@@ -34,6 +34,7 @@ SETTLE_S = 10.0      # a job accounting has no final state for yet waits this lo
 # or seconds, whichever comes first: the Comment trails its verdict by at most a few seconds.
 COMMENT_FLUSH_N = 50
 COMMENT_FLUSH_S = 5.0
+_offload_asked: dict[str, float] = {}  # pending key -> when this worker last asked about its analysis job
 FD_ENV = "SLURM_ATTR_WORKER_FD"
 
 
@@ -127,6 +128,15 @@ def _ready(cfg: Config, doc: dict[str, Any], now: float) -> bool | None:
     (a failed job in its backoff: `sattr retry` and later hooks take it)."""
     if int(doc.get("attempts") or 0) and float(doc.get("next_try") or 0) > now:
         return False
+    if doc.get("offload"):
+        # Its analysis runs as a Slurm job: take it when the result is there, and ask accounting
+        # whether that job ended without one at most every offload.POLL_S.
+        if os.path.exists(os.path.join(spool.bundle_dir(cfg.paths.spool, doc["key"]), offload.RESULT)):
+            return True
+        if now - _offload_asked.get(doc["key"], 0.0) >= offload.POLL_S:
+            _offload_asked[doc["key"]] = now
+            return True
+        return None
     if now - float(doc.get("since") or 0) >= cfg.analysis.node_wait_s:
         return True
     # No bundle dir yet is "not yet" too: the node epilogs run beside this hook, not before it.
@@ -156,7 +166,7 @@ def work(cfg: Config, fd: int, slurm: Any = None, open_store: Any = None) -> Cou
         if todo:
             done = _batch(cfg, batched, todo, open_store)
             counts.update(done.values())
-            if all(v in ("busy", "settling") for v in done.values()):
+            if all(v in ("busy", "settling", "offloaded") for v in done.values()):
                 time.sleep(POLL_S)  # all taken by the other workers, or waiting for accounting
             continue
         if waiting:

@@ -43,6 +43,9 @@ class SlurmAccess(Protocol):
 
     def reboot(self, node: str, reason: str, nextstate: str = "DOWN") -> None: ...
 
+    def submit_batch(self, command: str, opts: list[str]) -> str:
+        """sbatch a one-line command with these options (an offloaded analysis); the job id."""
+
     def cancel_job(self, job_id: str, uid: int | None, started: float) -> str:
         """scancel the running job a watcher was started for, exactly: its raw id re-read from
         slurmctld first (cancel.cancel_target); returns what was cancelled (an array task as

@@ -132,6 +132,13 @@ class CliSlurm:
                 return rec
         return parse_oneliner(lines[0]) if lines else None
 
+    def submit_batch(self, command: str, opts: list[str]) -> str:
+        out = self.run("sbatch", "--parsable", *opts, f"--wrap={command}").strip()
+        job_id = out.split(";")[0]
+        if not job_id.isdigit():
+            raise SlurmError(f"sbatch: no job id in {out[:200]!r}")
+        return job_id
+
     def cancel_job(self, job_id: str, uid: int | None, started: float) -> str:
         """SlurmAccess.cancel_job: the record re-read, checked (cancel.cancel_target), then
         scancel of exactly the task or job it names."""
@@ -218,8 +225,9 @@ class CliSlurm:
                 except SlurmError as err:
                     out[job_id] = err
             return out
-        by_num = {job_id.split("_")[0]: job_id for job_id, _f, _t in items}
-        payload = b"".join(f"{j.split('_')[0]}\0{f}\0{t}\0".encode() for j, f, t in items)
+        asked = {job_id for job_id, _f, _t in items}
+        # JOBID or A_T as given: an array task must be named A_T (see comment._write_field)
+        payload = b"".join(f"{j}\0{f}\0{t}\0".encode() for j, f, t in items)
         cmd = [self.comment_tool, "--batch", self.cluster_name()]
         try:
             proc = subprocess.run(cmd, input=payload, capture_output=True, env=self._env(),
@@ -232,10 +240,9 @@ class CliSlurm:
         if proc.returncode == 3:
             raise SlurmUnavailable(f"sattr-comment: {err_text}", stderr=err_text, returncode=3)
         for line in proc.stdout.decode(errors="replace").splitlines():
-            num, _sp, rest = line.partition(" ")
+            job_id, _sp, rest = line.partition(" ")
             code, _sp, msg = rest.partition(" ")
-            job_id = by_num.get(num)
-            if job_id is None or not code.isdigit():
+            if job_id not in asked or not code.isdigit():
                 continue
             rc = int(code)
             if rc == 0 or (rc == 5 and any(u in msg for u in _UNCHANGED)):
@@ -252,7 +259,7 @@ class CliSlurm:
         return out
 
     def _set_comment_api(self, job_id: str, field: str, text: str) -> None:
-        cmd = [self.comment_tool, self.cluster_name(), job_id.split("_")[0], field]
+        cmd = [self.comment_tool, self.cluster_name(), job_id, field]  # A_T names one array task
         try:
             proc = subprocess.run(cmd, input=text, capture_output=True, text=True, timeout=self.timeout,
                                   env=self._env())

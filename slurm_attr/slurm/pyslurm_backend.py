@@ -286,6 +286,9 @@ class PyslurmSlurm:
         # The check reads scontrol's record (show_job is the CLI's here too); one path, one test.
         return self.cli.cancel_job(job_id, uid, started)
 
+    def submit_batch(self, command: str, opts: list[str]) -> str:
+        return self.cli.submit_batch(command, opts)  # sbatch's option handling is the CLI's
+
     def _db_jobs(self, job_ids: list[str]) -> dict[str, Any]:
         """{asked id: pyslurm.db.Job} for ids accounting knows (A_T: that array task)."""
         base = sorted({int(j.split("_")[0]) for j in job_ids})

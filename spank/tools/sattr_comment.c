@@ -1,7 +1,7 @@
 /*
  * sattr-comment: write a finished job's Comment or AdminComment in accounting.
  *
- *   sattr-comment CLUSTER JOBID Comment|AdminComment < text
+ *   sattr-comment CLUSTER JOBID|ARRAYJOBID_TASKID Comment|AdminComment < text
  *   sattr-comment --batch CLUSTER < records
  *
  * --batch: many jobs over one slurmdbd connection (a worker's batch of verdicts, a
@@ -42,9 +42,9 @@ extern slurmdb_job_rec_t *slurmdb_create_job_rec(void);
 /* Far above [comment] max_len; longer input is refused, never cut silently. */
 #define SATTR_TEXT_MAX 16384
 
-static int sattr_digits(const char *s)
+static int sattr_digits_n(const char *s, size_t n)
 {
-	size_t i, n = strlen(s);
+	size_t i;
 
 	if (n == 0 || n > 10)
 		return 0;
@@ -52,6 +52,20 @@ static int sattr_digits(const char *s)
 		if (s[i] < '0' || s[i] > '9')
 			return 0;
 	return 1;
+}
+
+/*
+ * JOBID or ARRAYJOBID_TASKID. An array task must be named by both: accounting selects by
+ * job id "id_job=N or id_array_job=N", so the task whose own id is the array's (the array's
+ * last record) named by its number alone would select every task of the array.
+ */
+static int sattr_job_id(const char *s)
+{
+	const char *u = strchr(s, '_');
+
+	if (!u)
+		return sattr_digits_n(s, strlen(s));
+	return sattr_digits_n(s, (size_t)(u - s)) && sattr_digits_n(u + 1, strlen(u + 1));
 }
 
 #define SATTR_BATCH_MAX 10000 /* records per run: a bound on what one run may do */
@@ -63,7 +77,7 @@ static void sattr_step_cond(slurmdb_job_cond_t *cond, slurm_selected_step_t *ste
 	cond->cluster_list = slurm_list_create(NULL);
 	slurm_list_append(cond->cluster_list, (void *)cluster);
 	memset(step, 0, sizeof(*step));
-	step->array_task_id = NO_VAL;
+	step->array_task_id = strchr(jobid, '_') ? (uint32_t)strtoul(strchr(jobid, '_') + 1, NULL, 10) : NO_VAL;
 	step->het_job_offset = NO_VAL;
 	step->step_id.job_id = (uint32_t)strtoul(jobid, NULL, 10);
 	step->step_id.step_id = NO_VAL;
@@ -164,8 +178,8 @@ static int sattr_batch(const char *cluster)
 			break;
 		}
 		n++;
-		if (!sattr_digits(jobid) || !sattr_field_ok(field)) {
-			printf("%s 2 bad record\n", sattr_digits(jobid) ? jobid : "-");
+		if (!sattr_job_id(jobid) || !sattr_field_ok(field)) {
+			printf("%s 2 bad record\n", sattr_job_id(jobid) ? jobid : "-");
 			continue;
 		}
 		if (!db && !(db = sattr_connect()))
@@ -191,7 +205,7 @@ int main(int argc, char **argv)
 
 	if (argc == 3 && strcmp(argv[1], "--batch") == 0)
 		return sattr_batch(argv[2]);
-	if (argc != 4 || !sattr_digits(argv[2]) || !sattr_field_ok(argv[3])) {
+	if (argc != 4 || !sattr_job_id(argv[2]) || !sattr_field_ok(argv[3])) {
 		fprintf(stderr, "usage: sattr-comment CLUSTER JOBID Comment|AdminComment < text\n"
 				"       sattr-comment --batch CLUSTER < JOBID\\0FIELD\\0TEXT\\0...\n");
 		return 2;

@@ -281,3 +281,37 @@ def test_accounting_down_fails_the_batch_without_a_call_per_job():
     got = comment.write_many(acct, st, ids)
     assert not any(ok for ok, _e in got.values()) and {e for _ok, e in got.values()} == {"slurmdbd down"}
     assert acct.calls == [("read", 200)]  # the second chunk of 200 was not tried
+
+
+class ArrayAcct(BatchAcct):
+    """Accounting's selection as slurmdbd makes it: a number N selects the job N and every task
+    of the array N; A_T selects that one task (seen on the 22.05 cluster: writing the comment of
+    the array's last task, whose own id is the array's, overwrote all 1,000 tasks)."""
+
+    def __init__(self, tasks):  # {raw id: (array id, task id)}
+        super().__init__({raw: "" for raw in tasks})
+        self.tasks = tasks
+
+    def set_job_comments(self, items):
+        self.calls.append(("write", len(items)))
+        for job_id, _field, text in items:
+            if "_" in job_id:
+                a, t = (int(x) for x in job_id.split("_"))
+                hit = [r for r, at in self.tasks.items() if at == (a, t)]
+            else:
+                hit = [r for r, at in self.tasks.items() if r == job_id or str(at[0]) == job_id]
+            for r in hit:
+                self.comments[r] = text
+        return {job_id: None for job_id, _f, _t in items}
+
+
+def test_the_array_task_whose_id_is_the_arrays_is_written_alone():
+    st = Store(memory=True)
+    acct = ArrayAcct({"51": (50, 0), "52": (50, 1), "50": (50, 2), "60": (0, 0)})
+    for task, raw in (("50_0", "51"), ("50_1", "52"), ("50_2", "50")):
+        st.queue_comment(task, raw, "Comment", f"SATTR1: none - task {task}")
+    st.queue_comment("60", "60", "Comment", "SATTR1: none - plain job")  # near miss: a plain job by number
+    got = comment.write_many(acct, st, ["50_0", "50_1", "50_2", "60"])
+    assert set(got.values()) == {(True, "")}
+    assert acct.comments == {"51": "SATTR1: none - task 50_0", "52": "SATTR1: none - task 50_1",
+                             "50": "SATTR1: none - task 50_2", "60": "SATTR1: none - plain job"}

@@ -390,35 +390,21 @@ def collect_node(cfg: Config, job: NodeJob, window: kernel.KernelWindow | None =
     ``window`` is the kernel window the epilog already read (for the fast path). A full or
     read-only spool degrades to the kernel window alone (and, failing that, to nothing on
     the spool); the job dir and rank maps are removed in every case."""
-    c = cfg.collect
     t0 = time.monotonic()
-    deadline = t0 + c.time_budget_s
+    deadline = t0 + cfg.collect.time_budget_s
     started = datetime.now(timezone.utc)
     node_dir = os.path.join(spool.bundle_dir(cfg.paths.spool, job.bundle_key), "nodes", job.node)
-    sources: dict[str, dict[str, Any]] = {}
-
     # 1. Kernel log: trusted, the evidence a drain rests on. First, so a slow job dir cannot starve it.
     if window is None:
         window, window_ms = read_kernel(cfg, job, deadline)
     win = window
-    sources["kernel"] = SourceResult(status=win.status, bytes=len(win.text), ms=window_ms, detail=win.detail).to_dict()
-    if win.span:
-        # No trusted start lowers coverage: the window is only the job's elapsed time or the slack.
-        sources["window"] = SourceResult(status="ok" if win.span.get("trusted_start") else "truncated",
-                                         detail=str(win.span.get("detail", ""))).to_dict()
-    if win.ledger:
-        sources["ledger"] = SourceResult(status=win.ledger["status"], detail=win.ledger["detail"]).to_dict()
+    sources = _kernel_sources(win, window_ms)
     ranks: dict[str, list[int]] = {}
     kernel_written = False
     spool_ok = True
     try:
         spool.ensure_dir(node_dir)
-        if win.text or win.status in ("ok", "truncated"):
-            write_private(os.path.join(node_dir, "kernel.log"), win.text)
-            kernel_written = True
-        if win.attributed:
-            # Lines an earlier job owns: context for the analysis, never a root (ledger.py).
-            write_private(os.path.join(node_dir, "kernel.attributed.log"), win.attributed)
+        kernel_written = _write_kernel(node_dir, win)
         sources.update(_root_sources(cfg, job, win, node_dir, deadline))
         # 2. What the job wrote. Skipped entirely when the user opted out.
         sources.update(_job_sources(cfg, job, node_dir, deadline))
@@ -426,24 +412,58 @@ def collect_node(cfg: Config, job: NodeJob, window: kernel.KernelWindow | None =
         if not _spool_full(err):
             raise
         spool_ok = False
-        # Degrade: give back what this part took, keep the kernel window (small, trusted).
-        for kind in ("fr", "probe", "nccl"):
-            shutil.rmtree(os.path.join(node_dir, kind), ignore_errors=True)
-            sources[kind] = SourceResult(status="error", detail=f"not kept: {err.strerror or err}").to_dict()
-        if not kernel_written and (win.text or win.status in ("ok", "truncated")):
-            try:
-                write_private(os.path.join(node_dir, "kernel.log"), win.text)
-                kernel_written = True
-            except OSError:
-                pass
-        sources["spool"] = SourceResult(status="error", detail=(
-            f"{err.strerror or err}: kept {'only the kernel window' if kernel_written else 'nothing'} "
-            "on the spool")).to_dict()
+        _degrade(node_dir, win, err, sources, kernel_written)
     finally:
         ranks, err_clean = cleanup(cfg, job)
         if err_clean:
             sources["jobdir_cleanup"] = SourceResult(status="error", detail=err_clean).to_dict()
+    doc = _collect_doc(job, win, sources, ranks, started, t0)
+    _write_collect_json(node_dir, doc, spool_ok)
+    return doc
 
+
+def _kernel_sources(win: kernel.KernelWindow, window_ms: float) -> dict[str, dict[str, Any]]:
+    sources = {"kernel": SourceResult(status=win.status, bytes=len(win.text), ms=window_ms, detail=win.detail).to_dict()}
+    if win.span:
+        # No trusted start lowers coverage: the window is only the job's elapsed time or the slack.
+        sources["window"] = SourceResult(status="ok" if win.span.get("trusted_start") else "truncated",
+                                         detail=str(win.span.get("detail", ""))).to_dict()
+    if win.ledger:
+        sources["ledger"] = SourceResult(status=win.ledger["status"], detail=win.ledger["detail"]).to_dict()
+    return sources
+
+
+def _write_kernel(node_dir: str, win: kernel.KernelWindow) -> bool:
+    """kernel.log (and the lines an earlier job owns beside it); whether kernel.log was written."""
+    written = False
+    if win.text or win.status in ("ok", "truncated"):
+        write_private(os.path.join(node_dir, "kernel.log"), win.text)
+        written = True
+    if win.attributed:
+        # Lines an earlier job owns: context for the analysis, never a root (ledger.py).
+        write_private(os.path.join(node_dir, "kernel.attributed.log"), win.attributed)
+    return written
+
+
+def _degrade(node_dir: str, win: kernel.KernelWindow, err: OSError, sources: dict[str, dict[str, Any]],
+             kernel_written: bool) -> None:
+    """Spool full or read-only: give back what this part took, keep the kernel window (small, trusted)."""
+    for kind in ("fr", "probe", "nccl"):
+        shutil.rmtree(os.path.join(node_dir, kind), ignore_errors=True)
+        sources[kind] = SourceResult(status="error", detail=f"not kept: {err.strerror or err}").to_dict()
+    if not kernel_written and (win.text or win.status in ("ok", "truncated")):
+        try:
+            write_private(os.path.join(node_dir, "kernel.log"), win.text)
+            kernel_written = True
+        except OSError:
+            pass
+    sources["spool"] = SourceResult(status="error", detail=(
+        f"{err.strerror or err}: kept {'only the kernel window' if kernel_written else 'nothing'} "
+        "on the spool")).to_dict()
+
+
+def _collect_doc(job: NodeJob, win: kernel.KernelWindow, sources: dict[str, dict[str, Any]],
+                 ranks: dict[str, list[int]], started: datetime, t0: float) -> dict[str, Any]:
     doc = {
         "version": 1,
         "node": job.node,
@@ -461,7 +481,11 @@ def collect_node(cfg: Config, job: NodeJob, window: kernel.KernelWindow | None =
     }
     if win.attributed:
         doc["provenance"]["kernel_attributed"] = provenance.describe("kernel_attributed")
-    # Last: its presence tells the controller side this node is done.
+    return doc
+
+
+def _write_collect_json(node_dir: str, doc: dict[str, Any], spool_ok: bool) -> None:
+    """Last: its presence tells the controller side this node is done."""
     try:
         write_private(os.path.join(node_dir, "collect.json"), json.dumps(doc, indent=1).encode())
     except OSError as err:
@@ -470,4 +494,3 @@ def collect_node(cfg: Config, job: NodeJob, window: kernel.KernelWindow | None =
         prev = doc["sources"].get("spool", {}).get("detail", "")
         doc["sources"]["spool"] = SourceResult(status="error", detail="; ".join(
             x for x in (prev, f"collect.json not written: {err}") if x)).to_dict()
-    return doc

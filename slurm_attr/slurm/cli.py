@@ -72,7 +72,7 @@ def parse_delimited_comments(text: str, delim: str) -> dict[str, str]:
 
 
 # slurmdbd's answers (24.11: the first; 26.05: the second) to a job modify that changed no row.
-_UNCHANGED = ("Request didn't affect anything", "Data has not changed since time specified")
+UNCHANGED_ANSWERS = ("Request didn't affect anything", "Data has not changed since time specified")
 
 class CliSlurm:
     def __init__(self, slurm_bin: str = "/usr/bin", slurm_conf: str = "", timeout: float = 15.0,
@@ -245,7 +245,7 @@ class CliSlurm:
             if job_id not in asked or not code.isdigit():
                 continue
             rc = int(code)
-            if rc == 0 or (rc == 5 and any(u in msg for u in _UNCHANGED)):
+            if rc == 0 or (rc == 5 and any(u in msg for u in UNCHANGED_ANSWERS)):
                 out[job_id] = None
             elif rc == 4:
                 out[job_id] = SlurmUnavailable(f"accounting has no record of job {job_id} yet")
@@ -272,7 +272,7 @@ class CliSlurm:
             raise SlurmUnavailable(f"accounting has no record of job {job_id} yet")
         if proc.returncode == 3:
             raise SlurmUnavailable(f"sattr-comment: {msg}", stderr=msg, returncode=3)
-        if proc.returncode != 0 and any(u in msg for u in _UNCHANGED):
+        if proc.returncode != 0 and any(u in msg for u in UNCHANGED_ANSWERS):
             # Slurm 24.11+ answers a modify that changed no row this way, where 22.05 said
             # "nothing modified" (exit 4): either the value is already there, or accounting has
             # no record of the job yet.

@@ -27,6 +27,9 @@ from pathlib import Path
 
 from bench_epilog import env as cluster_env
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from slurm_attr.pipeline.pool import cpu_pressure  # noqa: E402
+
 BASE = Path(os.environ.get("SATTR_CLUSTER_BASE", "/var/lib/sattr-testcluster"))
 CONFIG = BASE / "etc" / "slurm_attr.toml"
 
@@ -36,6 +39,8 @@ def analysis_enabled(on: bool):
     original = CONFIG.read_text()
     body = re.sub(r"(?ms)^\[analysis\][^\[]*", "", original).rstrip("\n")
     section = dict(tomllib.loads(original).get("analysis") or {}, enabled=on)
+    # The functional suite turns the workers' yielding off; a burst is measured at the site default.
+    section.pop("yield_pressure", None)
     body += "\n\n[analysis]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in section.items())
     _write(CONFIG, body)
     try:
@@ -68,6 +73,7 @@ class Sampler(threading.Thread):
         super().__init__(daemon=True)
         self.env, self.stop = env, threading.Event()
         self.squeue: list[float] = []
+        self.psi: list[float] = []  # the host's CPU pressure (PSI some avg10, %) with each squeue sample
         self.procs: list[tuple[int, int]] = []  # (hooks, workers) at once
 
     def run(self) -> None:
@@ -78,6 +84,9 @@ class Sampler(threading.Thread):
                 last_q = now
                 subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, env=self.env)
                 self.squeue.append(time.monotonic() - now)
+                p = cpu_pressure()
+                if p is not None:
+                    self.psi.append(p)
             self.procs.append(count_processes())
             self.stop.wait(0.1)
 
@@ -161,22 +170,33 @@ def burst(env: dict[str, str], tasks: int, on: bool) -> dict[str, object]:
     after = sdiag(env)
     rpcs = {k: (after[k][0] - before.get(k, (0, 0))[0], after[k][1] - before.get(k, (0, 0))[1]) for k in after}
     rpcs = {k: v for k, v in rpcs.items() if v[0] > 0}
-    comments = 0
+    comments = right = 0
     if on:
-        out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", ",".join(arrays), "-o", "Comment%300"], capture_output=True,
-                             text=True, env=env).stdout
-        comments = sum("sattr1:" in ln.lower() for ln in out.splitlines())
+        out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", ",".join(arrays), "-o", "State,Comment%300"],
+                             capture_output=True, text=True, env=env).stdout
+        want = {"COMPLETED": "sattr1: none", "FAILED": "sattr1: user_error"}
+        for ln in out.splitlines():
+            state, _, text = ln.partition("|")
+            comments += "sattr1:" in text.lower()
+            # right: this task's own verdict, once (not another task's written over it)
+            right += text.lower().count("sattr1:") == 1 and text.lower().startswith(want.get(state.split(" ")[0], "?"))
     hooks = hook_times(t0, t_end + 5)
     cpu, workers, last = worker_cpu(t0) if on else (0.0, 0, "")
     q = sorted(sampler.squeue)
     return {"arrays": arrays, "burst_s": ended - m0, "stored_after_end_s": (stored_at - ended) if stored_at else None,
-            "comments": comments, "peak_workers": max((w for _h, w in sampler.procs), default=0),
+            "comments": comments, "comments_right": right,
+            "psi_p50": statistics.median(sampler.psi) if sampler.psi else None,
+            "psi_max": max(sampler.psi) if sampler.psi else None, "peak_workers": max((w for _h, w in sampler.procs), default=0),
             "peak_hooks": max((h for h, _w in sampler.procs), default=0),
             "peak_python": max((h + w for h, w in sampler.procs), default=0),
             "squeue_p50": statistics.median(q) if q else 0.0, "squeue_p90": q[int(0.9 * (len(q) - 1))] if q else 0.0,
             "rpcs": rpcs, "hook_p50": statistics.median(hooks) if hooks else 0.0,
             "hook_p99": sorted(hooks)[int(0.99 * (len(hooks) - 1))] if hooks else 0.0, "hooks": len(hooks),
             "cpu_s": cpu, "worker_runs": workers, "drain_rate": tasks / max(0.001, (stored_at or ended) - m0)}
+
+
+def _pair(a: float | None, b: float | None) -> str:
+    return "-" if a is None else f"{a:.0f} / {b:.0f}"
 
 
 def main() -> int:
@@ -193,7 +213,9 @@ def main() -> int:
     print(f"\nburst of {args.tasks} array tasks (half exit 1), slurm-attr's controller side off vs on\n")
     rows = [("array tasks ended (s)", off["burst_s"], on["burst_s"]),
             ("verdicts stored after the last end (s)", None, on["stored_after_end_s"]),
-            ("comments written", None, on["comments"]),
+            ("comments written / each task's own verdict", None, f"{on['comments']} / {on['comments_right']}"),
+            ("host CPU pressure p50 / max (PSI avg10 %)", _pair(off["psi_p50"], off["psi_max"]),
+             _pair(on["psi_p50"], on["psi_max"])),
             ("peak analysis processes (workers)", off["peak_workers"], on["peak_workers"]),
             ("peak slurm_attr processes (hooks + workers)", off["peak_python"], on["peak_python"]),
             ("squeue p50 (s)", off["squeue_p50"], on["squeue_p50"]),

@@ -216,6 +216,9 @@ time_budget_s = 20
 
 [analysis]
 node_wait_s = 20
+# The functional suite wants a verdict's latency not to depend on the machine's load; the burst
+# benchmark (bench/bench_burst.py) runs with the site default.
+yield_pressure = 0
 
 [intake]
 queue_dir = "$BASE/attr/pending"

@@ -94,6 +94,10 @@ class Analysis:
     node_wait_s: float = 30.0
     # Hard limit of one analysis run (the detached analyser is killed after this).
     timeout_s: float = 120.0
+    # Workers wait before each job while the controller's CPU pressure (PSI "some avg10", percent)
+    # is at least yield_pressure (0: never), but not past yield_max_s after the job's end.
+    yield_pressure: float = 30.0
+    yield_max_s: float = 60.0
     # Extra rule directory with site rules (added to the built-in catalog).
     extra_rules: str = ""
     # "slurm": a bundle of at least offload_min_nodes nodes or offload_min_bytes bytes is analysed
@@ -326,6 +330,8 @@ def _validate(cfg: Config) -> None:
             or cfg.analysis.offload_min_bytes < 1 or cfg.analysis.offload_time_s < 60:
         raise ConfigError("[analysis] offload must be \"off\" or \"slurm\", offload_min_nodes and "
                           "offload_min_bytes >= 1, offload_time_s >= 60")
+    if not 0 <= cfg.analysis.yield_pressure <= 100 or cfg.analysis.yield_max_s < 0:
+        raise ConfigError("[analysis] yield_pressure must be within 0..100 and yield_max_s >= 0")
     if not 0 <= cfg.analysis.workers <= 64:
         raise ConfigError(f"[analysis] workers: must be within 0..64 (0: a quarter of the cores), got {cfg.analysis.workers!r}")
     if cfg.live.hang_after_s <= 0 or not 0.05 <= cfg.live.interval_s <= 60:

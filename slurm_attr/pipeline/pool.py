@@ -34,6 +34,7 @@ SETTLE_S = 10.0      # a job accounting has no final state for yet waits this lo
 # or seconds, whichever comes first: the Comment trails its verdict by at most a few seconds.
 COMMENT_FLUSH_N = 50
 COMMENT_FLUSH_S = 5.0
+YIELD_POLL_S = 1.0   # how often a yielding worker looks at the host's CPU pressure again
 _offload_asked: dict[str, float] = {}  # pending key -> when this worker last asked about its analysis job
 FD_ENV = "SLURM_ATTR_WORKER_FD"
 
@@ -119,6 +120,39 @@ def lower_priority() -> None:
         pass
 
 
+def cpu_pressure(path: str = "/proc/pressure/cpu") -> float | None:
+    """The host's CPU pressure: the share of the last 10 s in which some runnable task waited for a
+    CPU (PSI "some avg10", percent); None where the kernel has no PSI."""
+    try:
+        with open(path, "rb") as f:
+            line = f.readline(256)
+    except OSError:
+        return None
+    for part in line.split():
+        if part.startswith(b"avg10="):
+            try:
+                return float(part[6:])
+            except ValueError:
+                return None
+    return None
+
+
+def yield_to_controller(cfg: Config, since: float, sleep: Any = time.sleep, pressure: Any = cpu_pressure) -> float:
+    """Before a job: wait while the controller's CPU is under pressure ([analysis] yield_pressure,
+    PSI percent; a burst of job ends is exactly when slurmctld needs its host), but never past
+    [analysis] yield_max_s after the job's end. Returns the seconds waited."""
+    limit, waited = cfg.analysis.yield_pressure, 0.0
+    if limit <= 0:
+        return 0.0
+    while time.time() - since < cfg.analysis.yield_max_s:
+        p = pressure()
+        if p is None or p < limit:
+            break
+        sleep(YIELD_POLL_S)
+        waited += YIELD_POLL_S
+    return waited
+
+
 def _nodes_in(bdir: str, nodes: list[str]) -> bool:
     return all(os.path.exists(os.path.join(bdir, "nodes", n, "collect.json")) for n in nodes)
 
@@ -199,6 +233,7 @@ def _batch(cfg: Config, batched: Any, todo: list[dict[str, Any]], open_store: An
             _flush(cfg, batched, comments, open_store)
             flushed_at = time.monotonic()
         key = doc["key"]
+        yield_to_controller(cfg, float(doc.get("since") or 0))
         if not batched.settled(_raw_id(doc)) and now - float(doc.get("since") or 0) < SETTLE_S:
             out[key] = "settling"  # accounting has not written the end yet: the next batch asks again
             continue

@@ -40,6 +40,7 @@ def cfg(tmp_path):
     c.paths.spool = str(tmp_path / "spool")
     c.analysis.node_wait_s = 30.0
     c.comment.enabled = False
+    c.analysis.yield_pressure = 0  # the machine's own load must not pace these tests
     return c
 
 
@@ -161,3 +162,22 @@ def test_a_batchs_comments_are_written_together_every_n_verdicts(cfg, monkeypatc
     pool.work(cfg, pool._take_slot(cfg), slurm=backend, open_store=lambda c: store)
     assert writes == [ids[0:3], ids[3:6], ids[6:7]]
     assert all(store.comment(j)["status"] == "written" for j in ids)
+
+
+def test_a_worker_yields_to_a_busy_controller_but_not_past_yield_max_s(cfg):
+    cfg.analysis.yield_pressure, cfg.analysis.yield_max_s = 30.0, 60.0
+    slept = []
+    readings = iter([80.0, 55.0, 12.0])
+    waited = pool.yield_to_controller(cfg, time.time(), sleep=slept.append, pressure=lambda: next(readings))
+    assert waited == 2 * pool.YIELD_POLL_S and len(slept) == 2
+    # near misses: a job that ended yield_max_s ago is not held back at all, and no PSI means no wait
+    assert pool.yield_to_controller(cfg, time.time() - 61, sleep=slept.append, pressure=lambda: 99.0) == 0
+    assert pool.yield_to_controller(cfg, time.time(), sleep=slept.append, pressure=lambda: None) == 0
+    assert len(slept) == 2
+
+
+def test_cpu_pressure_reads_psi(tmp_path):
+    f = tmp_path / "cpu"
+    f.write_text("some avg10=42.50 avg60=10.00 avg300=1.00 total=123\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+    assert pool.cpu_pressure(str(f)) == 42.5
+    assert pool.cpu_pressure(str(tmp_path / "missing")) is None

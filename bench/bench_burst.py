@@ -68,12 +68,40 @@ def sdiag(env: dict[str, str]) -> dict[str, tuple[int, int]]:
     return {m.group(1): (int(m.group(2)), int(m.group(3))) for m in
             re.finditer(r"^\s*(\w+)\s+\(\s*\d+\)\s+count:(\d+)\s+ave_time:\d+\s+total_time:(\d+)", part, re.M)}
 
+def _delta(a: dict[str, tuple[int, int]], b: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+    d = {k: (b[k][0] - a.get(k, (0, 0))[0], b[k][1] - a.get(k, (0, 0))[1]) for k in b}
+    return {k: v for k, v in d.items() if v[0] > 0}
+
+
+@contextlib.contextmanager
+def fresh_controller(env: dict[str, str]):
+    """slurmctld without the finished jobs it keeps for MinJobAge: every squeue packs all of them, so
+    a mode run after another would answer slower for the other's 2,000 records alone. MinJobAge
+    is lowered until they are purged, then restored (slurm.conf and `scontrol reconfigure`)."""
+    conf = Path(env["SLURM_CONF"])
+    original = conf.read_text()
+    _write(conf, re.sub(r"(?m)^MinJobAge=.*$", "MinJobAge=10", original))
+    try:
+        subprocess.run(["scontrol", "reconfigure"], env=env, check=True)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            out = subprocess.run(["scontrol", "-o", "show", "jobs"], capture_output=True, text=True, env=env).stdout
+            if sum(ln.startswith("JobId=") for ln in out.splitlines()) == 0:
+                break
+            time.sleep(5)
+    finally:
+        _write(conf, original)
+        subprocess.run(["scontrol", "reconfigure"], env=env, check=True)
+    time.sleep(5)
+    yield
+
+
 class Sampler(threading.Thread):
     def __init__(self, env: dict[str, str]):
         super().__init__(daemon=True)
         self.env, self.stop = env, threading.Event()
-        self.squeue: list[float] = []
-        self.psi: list[float] = []  # the host's CPU pressure (PSI some avg10, %) with each squeue sample
+        self.squeue: list[tuple[float, float]] = []  # (monotonic when, seconds it took)
+        self.psi: list[tuple[float, float]] = []  # (when, the host's CPU pressure: PSI some avg10, %)
         self.procs: list[tuple[int, int]] = []  # (hooks, workers) at once
 
     def run(self) -> None:
@@ -83,10 +111,10 @@ class Sampler(threading.Thread):
             if now - last_q >= 0.5:
                 last_q = now
                 subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, env=self.env)
-                self.squeue.append(time.monotonic() - now)
+                self.squeue.append((now, time.monotonic() - now))
                 p = cpu_pressure()
                 if p is not None:
-                    self.psi.append(p)
+                    self.psi.append((now, p))
             self.procs.append(count_processes())
             self.stop.wait(0.1)
 
@@ -151,6 +179,7 @@ def burst(env: dict[str, str], tasks: int, on: bool) -> dict[str, object]:
                          env=env).stdout.strip():
         time.sleep(1.0)
     ended, t_end = time.monotonic(), time.time()
+    mid = sdiag(env)  # slurmctld's figures for the burst itself; what the workers do after, apart
     stored_at = None
     if on:
         db = tomllib.loads(CONFIG.read_text())["paths"]["database"]
@@ -168,8 +197,7 @@ def burst(env: dict[str, str], tasks: int, on: bool) -> dict[str, object]:
     sampler.stop.set()
     sampler.join()
     after = sdiag(env)
-    rpcs = {k: (after[k][0] - before.get(k, (0, 0))[0], after[k][1] - before.get(k, (0, 0))[1]) for k in after}
-    rpcs = {k: v for k, v in rpcs.items() if v[0] > 0}
+    rpcs, rpcs_after = _delta(before, mid), _delta(mid, after)
     comments = right = 0
     if on:
         out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", ",".join(arrays), "-o", "State,Comment%300"],
@@ -182,11 +210,15 @@ def burst(env: dict[str, str], tasks: int, on: bool) -> dict[str, object]:
             right += text.lower().count("sattr1:") == 1 and text.lower().startswith(want.get(state.split(" ")[0], "?"))
     hooks = hook_times(t0, t_end + 5)
     cpu, workers, last = worker_cpu(t0) if on else (0.0, 0, "")
-    q = sorted(sampler.squeue)
-    return {"arrays": arrays, "burst_s": ended - m0, "stored_after_end_s": (stored_at - ended) if stored_at else None,
+    q = sorted(d for when, d in sampler.squeue if when <= ended)  # during the burst
+    q_after = sorted(d for when, d in sampler.squeue if when > ended)  # while the workers drain it
+    psi = [p for when, p in sampler.psi if when <= ended]
+    return {"squeue_after_p50": statistics.median(q_after) if q_after else None,
+            "squeue_after_p90": q_after[int(0.9 * (len(q_after) - 1))] if q_after else None,
+            "rpcs_after": rpcs_after, "arrays": arrays, "burst_s": ended - m0, "stored_after_end_s": (stored_at - ended) if stored_at else None,
             "comments": comments, "comments_right": right,
-            "psi_p50": statistics.median(sampler.psi) if sampler.psi else None,
-            "psi_max": max(sampler.psi) if sampler.psi else None, "peak_workers": max((w for _h, w in sampler.procs), default=0),
+            "psi_p50": statistics.median(psi) if psi else None,
+            "psi_max": max(psi) if psi else None, "peak_workers": max((w for _h, w in sampler.procs), default=0),
             "peak_hooks": max((h for h, _w in sampler.procs), default=0),
             "peak_python": max((h + w for h, w in sampler.procs), default=0),
             "squeue_p50": statistics.median(q) if q else 0.0, "squeue_p90": q[int(0.9 * (len(q) - 1))] if q else 0.0,
@@ -195,8 +227,8 @@ def burst(env: dict[str, str], tasks: int, on: bool) -> dict[str, object]:
             "cpu_s": cpu, "worker_runs": workers, "drain_rate": tasks / max(0.001, (stored_at or ended) - m0)}
 
 
-def _pair(a: float | None, b: float | None) -> str:
-    return "-" if a is None else f"{a:.0f} / {b:.0f}"
+def _pair(a: float | None, b: float | None, fmt: str = "{:.0f}") -> str:
+    return "-" if a is None or b is None else f"{fmt.format(a)} / {fmt.format(b)}"
 
 
 def main() -> int:
@@ -206,7 +238,7 @@ def main() -> int:
     env = cluster_env()  # bench_epilog's: the test cluster's environment
     res = {}
     for name, on in (("off", False), ("on", True)):
-        with analysis_enabled(on):
+        with fresh_controller(env), analysis_enabled(on):
             res[name] = burst(env, args.tasks, on)
         print(f"{name}: {res[name]}", file=sys.stderr)
     off, on = res["off"], res["on"]
@@ -220,6 +252,8 @@ def main() -> int:
             ("peak slurm_attr processes (hooks + workers)", off["peak_python"], on["peak_python"]),
             ("squeue p50 (s)", off["squeue_p50"], on["squeue_p50"]),
             ("squeue p90 (s)", off["squeue_p90"], on["squeue_p90"]),
+            ("squeue p50 / p90 after the burst, workers draining (s)", None,
+             _pair(on["squeue_after_p50"], on["squeue_after_p90"], "{:.3f}")),
             ("EpilogSlurmctld p50 (ms)", off["hook_p50"] * 1e3, on["hook_p50"] * 1e3),
             ("EpilogSlurmctld p99 (ms)", off["hook_p99"] * 1e3, on["hook_p99"] * 1e3),
             ("jobs/s to verdict (all stored)", None, on["drain_rate"]),
@@ -228,14 +262,18 @@ def main() -> int:
         fa = "-" if a is None else f"{a:.3f}" if isinstance(a, float) else str(a)
         fb = "-" if b is None else f"{b:.3f}" if isinstance(b, float) else str(b)
         print(f"  {label:<46} off {fa:>10}   on {fb:>10}")
-    print("\nslurmctld RPCs during the burst (count, mean µs): off | on")
+    print("\nslurmctld RPCs during the burst, from submission to the last task's end (count, mean µs): off | on")
     for k in sorted(set(off["rpcs"]) | set(on["rpcs"])):
         a, b = off["rpcs"].get(k, (0, 0)), on["rpcs"].get(k, (0, 0))
         print(f"  {k:<36} {a[0]:>6} {a[1] / max(1, a[0]):>8.0f} | {b[0]:>6} {b[1] / max(1, b[0]):>8.0f}")
     ta = sum(v[1] for v in off["rpcs"].values()) / max(1, sum(v[0] for v in off["rpcs"].values()))
     tb = sum(v[1] for v in on["rpcs"].values()) / max(1, sum(v[0] for v in on["rpcs"].values()))
     print(f"\n  all RPCs mean time: off {ta:.0f} µs, on {tb:.0f} µs (ratio {tb / max(1.0, ta):.2f}); "
-          f"squeue p90 ratio {on['squeue_p90'] / max(1e-9, off['squeue_p90']):.2f}")
+          f"squeue p50 ratio {on['squeue_p50'] / max(1e-9, off['squeue_p50']):.2f}, "
+          f"p90 ratio {on['squeue_p90'] / max(1e-9, off['squeue_p90']):.2f}")
+    after = on["rpcs_after"]
+    print("\nafter the burst, while the workers drained it (count, mean µs): "
+          + ", ".join(f"{k} {v[0]} {v[1] / max(1, v[0]):.0f}" for k, v in sorted(after.items())))
     return 0
 
 

@@ -85,6 +85,7 @@ def decide(job: Mapping[str, Any], symptoms: Sequence[Symptom], coverage: Sequen
     nodes = _job_nodes(job, ranks)
     clock = timeline.clock_of(job)  # one clock for every step: it remembers each symptom's time
     attempt.mark_earlier(syms, job, clock)  # this attempt's evidence decides; older lines are context
+    attempt.mark_survived(syms, clock)  # so does the error after the workers' last restart
     attempt.mark_after_end(syms, job, clock)  # nor can what came after the end have ended the job
     book = netloc.AddressBook(job, nodes)
     book.add_hosts(netloc.hosts_from_symptoms(syms))  # what NCCL INFO lines said, below Slurm's record

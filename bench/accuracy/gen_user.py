@@ -172,7 +172,56 @@ def user_illegal_access(w: World) -> Scene:
     return s
 
 
+def _restart_line(w: World, t: datetime) -> str:
+    """torchrun's agent restarting its worker group (failure-signals.md §7), either logger."""
+    left, limit = w.rng.randint(1, 3), 3
+    what = w.pick([f"[default] Worker group FAILED. {left}/{limit} attempts left; will restart worker group"],
+                  [f"[default] Worker group UNHEALTHY. {left}/{limit} attempts left; will restart worker group",
+                   "[default] Detected 1 new nodes from group_rank=0; will restart worker group"])
+    return w.pick([f"INFO:torch.distributed.elastic.agent.server.api:{what}"],
+                  [f"{fmt_job.glog(t, 'I')} {w.rng.randint(100000, 999999)} torch/distributed/elastic/agent/server/api.py:"
+                   f"{w.rng.choice([688, 723])}] {what}"])
+
+
+def _survived_then(w: World, oom_last: bool) -> Scene:
+    """Two failures on two ranks with torchrun's restart of the worker group between them: the
+    first was survived (the job went on), the second ended the job. ``oom_last``: a program error,
+    the restart, then a CUDA OOM that ends it; else a CUDA OOM, the restart, then the error."""
+    s = Scene(w)
+    a, b = w.any_rank(), w.any_rank()
+    t1 = w.start + w.secs(300, 3600)
+    s.training(t1)
+    oom = fmt_job.trace_head(_frames(w)) + [
+        f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {w.rng.choice(['20.00 MiB', '1.50 GiB'])}. "
+        f"GPU {w.local_rank(a) % 8} has a total capacity of 79.11 GiB of which 3.44 MiB is free."]
+    err = fmt_job.traceback(_frames(w), w.pick(["ValueError: too many values to unpack (expected 2)"],
+                                               ["KeyError: 'input_ids'"]))
+    first, last = (err, oom) if oom_last else (oom, err)
+    who_first, who_last = (b, a) if oom_last else (a, b)
+    s.say(t1, who_first, first, stream="stderr")
+    t2 = t1 + w.secs(5, 40)
+    s.say(t2, None, _restart_line(w, t2), stream="stderr")
+    t3 = t2 + w.secs(600, 3600)
+    s.say(t3, who_last, last, stream="stderr")
+    s.protect_out = True
+    end = s.cascade(t3, [who_last])
+    s.finish(end, "FAILED", 1)
+    s.expect("cuda_oom" if oom_last else "user_error", [w.ranks[who_last]], [who_last], [],
+             "the failure after torchrun's last restart ended the job; the one before it was survived")
+    return s
+
+
+def elastic_restart_survived(w: World) -> Scene:
+    return _survived_then(w, oom_last=False)
+
+
+def elastic_restart_then_oom(w: World) -> Scene:
+    return _survived_then(w, oom_last=True)
+
+
 CLASSES = {
+    "elastic_restart_survived": ("user_error", elastic_restart_survived),
+    "elastic_restart_then_oom": ("cuda_oom", elastic_restart_then_oom),
     "cuda_oom": ("cuda_oom", cuda_oom),
     "host_oom_kernel": ("host_oom", host_oom_kernel),
     "host_oom_dataloader": ("host_oom", host_oom_dataloader),

@@ -74,6 +74,47 @@ def mark_earlier(syms: Sequence[Symptom], job: Mapping[str, Any], clock: Optiona
     return stale
 
 
+def mark_survived(syms: Sequence[Symptom], clock: Optional[Clock] = None) -> list[Symptom]:
+    """Failures the job lived through: its launcher restarted the workers after them (policy
+    ``restarts``: torchrun's "will restart worker group") and the job went on; the error that
+    ended it comes after the last restart. Untrusted findings only: a fatal kernel event before
+    a restart still says the node is broken. Before means above the last restart line in the
+    same output file, or, in another file, timed before it."""
+    from . import policy
+
+    marks = policy.load().special.restarts
+    restarts = [s for s in syms if s.id in marks]
+    if not restarts:
+        return []
+    clock = clock or Clock()
+    last_line: dict[str, int] = {}
+    last_time: Optional[float] = None
+    for r in restarts:
+        path, line = first_line(r)
+        if path:
+            last_line[path] = max(line, last_line.get(path, 0))
+        t = symptom_time(r, clock)
+        if t is not None:
+            last_time = t if last_time is None else max(last_time, t)
+    survived = []
+    for s in syms:
+        if s.id in marks or s.trusted or s.id.startswith("job.") or s.status.earlier:
+            continue
+        path, line = first_line(s)
+        if path in last_line:
+            before = line < last_line[path]
+        else:
+            t = symptom_time(s, clock)
+            before = t is not None and last_time is not None and t < last_time
+        if before:
+            s.status.earlier = "a failure the job lived through: its workers were restarted after it"
+            if s.role in ("root", "confirmation"):
+                s.role = "context"
+            s.action = "none"
+            survived.append(s)
+    return survived
+
+
 AFTER_END_SLACK_S = 30.0  # kernel clocks (dmesg -T) drift; a line this far past the end is past it
 
 

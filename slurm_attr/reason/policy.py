@@ -31,7 +31,7 @@ _CAUSE_KEYS = frozenset({"domain", "rank", "untrusted", "unconfirmed_path", "cas
                          "earlier_is_alternative", "alternatives", "health"})
 _TOP_KEYS = frozenset({"version", "weak_roots", "no_why", "clean_exit", "clean_exit_unless", "completed",
                        "no_evidence", "hang", "hang_note", "analysers", "clean_exit_alternative", "causes", "cases",
-                       "silent", "suspicions", "drain_beyond_hardware"})
+                       "silent", "suspicions", "drain_beyond_hardware", "restarts"})
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,8 @@ class Special:
     suspicions: tuple[str, ...] = ()
     # findings whose trusted drain action holds whatever the verdict's domain
     drain_beyond_hardware: tuple[str, ...] = ()
+    # findings of a restart inside the job (its workers restarted, the job went on)
+    restarts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -177,7 +179,8 @@ def _special(data: Mapping[str, Any], causes: Mapping[str, Cause]) -> Special:
                    tuple(sorted(_names(data.get("analysers", []), "analysers"))), data["clean_exit_alternative"],
                    tuple(sorted(_names(data.get("silent", []), "silent"))),
                    tuple(sorted(_names(data.get("suspicions", []), "suspicions"))),
-                   tuple(sorted(_names(data.get("drain_beyond_hardware", []), "drain_beyond_hardware"))))
+                   tuple(sorted(_names(data.get("drain_beyond_hardware", []), "drain_beyond_hardware"))),
+                   tuple(sorted(_names(data.get("restarts", []), "restarts"))))
 
 
 def parse(data: Mapping[str, Any]) -> Policy:

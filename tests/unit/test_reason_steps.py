@@ -158,6 +158,37 @@ def test_near_miss_a_node_failure_of_this_attempt_is_not_earlier():
     assert now.role == "root"
 
 
+# -- restarts inside the job (elastic) -----------------------------------------------------------
+RESTART = "INFO:torch.distributed.elastic.agent.server.api:[default] Worker group FAILED. 2/3 attempts left; will restart worker group"
+
+
+def test_a_failure_before_torchruns_restart_was_survived():
+    oom = sym("cuda.oom", "cuda_oom", "3: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", rank=3, line=40)
+    restart = sym("torch.elastic_restart", "unknown", RESTART, role="context", line=55)
+    err = sym("python.exception", "user_error", "5: ValueError: too many values to unpack (expected 2)", rank=5, line=90)
+    xid = sym("gpu.xid_79", "gpu_hardware", "[Thu May  2 09:10:00 2024] NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.",
+              trusted=True, node="n1", action="drain", line=3)
+    assert attempt.mark_survived([oom, restart, err, xid]) == [oom]
+    assert oom.role == "context" and "lived through" in oom.status.earlier and err.role == "root"
+    assert xid.role == "root" and xid.action == "drain"  # a broken GPU stays broken across a restart
+
+
+def test_near_miss_without_a_restart_nothing_was_survived():
+    oom = sym("cuda.oom", "cuda_oom", "3: torch.OutOfMemoryError: CUDA out of memory.", rank=3, line=40)
+    start = sym("torch.elastic_start", "unknown", "INFO:torch.distributed.elastic.agent.server.api:[default] Starting worker group",
+                role="context", line=55)
+    err = sym("python.exception", "user_error", "5: ValueError: boom", rank=5, line=90)
+    assert attempt.mark_survived([oom, start, err]) == [] and oom.role == "root"
+
+
+def test_the_verdict_takes_the_error_after_the_last_restart():
+    oom = sym("cuda.oom", "cuda_oom", "3: torch.OutOfMemoryError: CUDA out of memory.", rank=3, line=40, priority=60)
+    restart = sym("torch.elastic_restart", "unknown", RESTART, role="context", line=55)
+    err = sym("python.exception", "user_error", "5: ValueError: boom", rank=5, line=90)
+    v = decide(JOB, [oom, restart, err], CLEAN)
+    assert v.cause == "user_error" and v.culprit_ranks == [5], (v.cause, v.culprit_ranks)
+
+
 # -- contradiction ---------------------------------------------------------------------------------
 def lost_gpu(node="n2"):
     return sym("gpu.lost_in_output", "gpu_hardware", "6: [Thu May  2 09:41:07 2024] NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.",

@@ -27,6 +27,14 @@ def culprits(verdict: Verdict, choice: Choice, syms: list[Symptom], ranks: Mappi
         verdict.culprit_nodes = sorted({n for s in choice.primary for n in [node_of(s, ranks)] if n})
         verdict.culprit_ranks = _first_hand_ranks(choice, syms, verdict.culprit_nodes)
     verdict.culprit_gpus = sorted({s.gpu for s in choice.primary if s.gpu})
+    if row.localised_by:
+        # the analysers that compare every rank's record name the culprit; the ranks whose own
+        # error reported it only detected it
+        found = sorted({s.rank for s in syms if s.rank is not None and s.role in ("root", "confirmation")
+                        and s.id.startswith(row.localised_by) and not s.status.earlier})
+        if found:
+            verdict.culprit_ranks = found
+            verdict.culprit_nodes = sorted({n for n in (ranks.get(r) for r in found) if n})
     if row.straggler:
         # the one rank every other waited for when it ended (issue 12 item 9)
         lagging = {s.rank for s in syms if s.id == row.straggler and s.rank is not None and s.role != "context"}

@@ -28,7 +28,7 @@ GROUPS = frozenset({"hardware", "claim", "rank_level", "echo", "unlocalised", "l
 DOMAINS = frozenset({"hardware", "network", "user", "scheduler", "infrastructure", "none", "unknown"})
 _CAUSE_KEYS = frozenset({"domain", "rank", "untrusted", "unconfirmed_path", "cascades", "groups", "why",
                          "yields_to_own_failure", "lost_node_sources", "confirmed_by", "straggler",
-                         "earlier_is_alternative", "alternatives", "health"})
+                         "earlier_is_alternative", "alternatives", "health", "localised_by"})
 _TOP_KEYS = frozenset({"version", "weak_roots", "no_why", "clean_exit", "clean_exit_unless", "completed",
                        "no_evidence", "hang", "hang_note", "analysers", "clean_exit_alternative", "causes", "cases",
                        "silent", "suspicions", "drain_beyond_hardware", "restarts"})
@@ -51,6 +51,7 @@ class Cause:
     earlier_is_alternative: frozenset[str] = frozenset()  # causes not its cascade when printed before it
     alternatives: tuple[Mapping[str, str], ...] = ()  # said beside this cause every time
     health: frozenset[str] = frozenset()  # groups whose roots are the nodes' health beside it
+    localised_by: tuple[str, ...] = ()  # findings (id prefixes) whose ranks are the culprits when present
 
 
 @dataclass(frozen=True)
@@ -164,7 +165,8 @@ def _cause(name: str, d: Any) -> Cause:
                  (tuple(_names(conf["primary"], "confirmed_by.primary")), tuple(_names(conf["others"], "confirmed_by.others")))
                  if conf else None, str(d.get("straggler", "")),
                  _names(d.get("earlier_is_alternative", []), f"[causes.{name}] earlier_is_alternative"),
-                 tuple(alts), _names(d.get("health", []), f"[causes.{name}] health"))
+                 tuple(alts), _names(d.get("health", []), f"[causes.{name}] health"),
+                 tuple(sorted(_names(d.get("localised_by", []), f"[causes.{name}] localised_by"))))
 
 
 def _special(data: Mapping[str, Any], causes: Mapping[str, Cause]) -> Special:

@@ -141,3 +141,16 @@ def test_an_unlabelled_error_is_placed_on_the_one_node_whose_tasks_exited_on_the
 def test_near_miss_tasks_that_exited_on_several_nodes_place_nothing():
     v = decide(FOUR_PER_NODE, [traceback_without_rank(), task_exit("n2"), task_exit("n3")])
     assert v.cause == "user_error" and v.culprit_nodes == []
+
+
+def test_the_rank_flight_recorder_finds_out_of_step_is_the_mismatchs_culprit():
+    """Rank 2 skipped a collective; Gloo's size check fires on rank 1, where rank 2's next
+    collective's data arrived. Flight Recorder, comparing every rank, names rank 2 (policy
+    localised_by): the culprit is rank 2, not the rank that detected it."""
+    gloo = sym("torch.gloo_size_mismatch", "collective_mismatch", node="n2", rank=1, priority=62)
+    fr = sym("fr.collective_mismatch", "collective_mismatch", node="n3", rank=2, priority=64)
+    v = decide(ONE_PER_NODE, [gloo, fr])
+    assert v.cause == "collective_mismatch" and (v.culprit_ranks, v.culprit_nodes) == ([2], ["n3"])
+    # near miss: without the analysers' finding, the rank that reported it is all there is
+    v = decide(ONE_PER_NODE, [sym("torch.gloo_size_mismatch", "collective_mismatch", node="n2", rank=1, priority=62)])
+    assert (v.culprit_ranks, v.culprit_nodes) == ([1], ["n2"])

@@ -100,6 +100,11 @@ def decide(job: Mapping[str, Any], symptoms: Sequence[Symptom], coverage: Sequen
         if s.status.claim_note and s.status.claim != "confirmed" and "not confirmed" not in s.summary:
             s.summary = f"{s.summary or s.id} ({s.status.claim_note})"
     vote = netloc.vote(syms)
+    died = netloc.explain_by_a_death(syms, vote, ranks, policy.load().group("rank_level"))
+    if died is not None:
+        claim_notes.append(f"{rank.where(died)}: the process that died; the failing connections all end at "
+                           f"{vote.winners[0]}, which no record maps, on no other node's side")
+        vote = netloc.vote(syms)
     choice = rank.choose(syms, ranks, job, clock, complete=_evidence_complete(coverage, nodes))
     vote_sym, choice.primary = netloc.place_vote(choice.cause, choice.primary, vote, syms)
     sp = policy.load().special

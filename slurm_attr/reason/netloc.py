@@ -204,6 +204,31 @@ def vote_symptom(v: Vote) -> Symptom:
                    evidence=ev)
 
 
+def explain_by_a_death(syms: list[Symptom], v: Vote, ranks: Mapping[int, str], rank_level: frozenset[str]) -> Optional[Symptom]:
+    """Every failing connection ends at one address no record maps to a node, and exactly one
+    node on none of those connections' near ends has a rank that failed on its own (its
+    exception, its OOM): that address is that node's, and the connections failed because its
+    process died. The untrusted network claims become that failure's cascade; the failure is
+    returned. Not when any trusted network evidence exists (a link that really went down)."""
+    if len(v.winners) != 1 or not v.winners[0].startswith(ADDRESS) or len(v.edges) < 2:
+        return None
+    if any(s.trusted and s.cause == "network" and s.role != "context" and not s.status.earlier for s in syms):
+        return None
+    reporters = {x for a, b, _s in v.edges for x in (a, b) if not x.startswith(ADDRESS)}
+    own = [s for s in syms if s.role == "root" and not s.trusted and s.cause != "network" and s.cause in rank_level
+           and s.rank is not None and not s.status.earlier]
+    where = {s.node or ranks.get(s.rank) for s in own}  # type: ignore[arg-type]
+    if len(where) != 1 or None in where or where & reporters:
+        return None
+    died = max(own, key=lambda s: s.priority)
+    who = f"{died.id} on rank {died.rank}"
+    for s in syms:
+        if s.cause == "network" and not s.trusted and s.role in ("root", "confirmation") and not s.status.earlier:
+            s.role = "cascade"
+            s.status.caused_by = who
+    return died
+
+
 def place_vote(cause: str, primary: list[Symptom], v: Vote, syms: list[Symptom]) -> tuple[Optional[Symptom], list[Symptom]]:
     """Put the vote where it belongs; returns (the vote's symptom, the verdict's primary roots).
 

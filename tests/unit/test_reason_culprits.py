@@ -154,3 +154,41 @@ def test_the_rank_flight_recorder_finds_out_of_step_is_the_mismatchs_culprit():
     # near miss: without the analysers' finding, the rank that reported it is all there is
     v = decide(ONE_PER_NODE, [sym("torch.gloo_size_mismatch", "collective_mismatch", node="n2", rank=1, priority=62)])
     assert (v.culprit_ranks, v.culprit_nodes) == ([1], ["n2"])
+
+
+def _ib_errors(reporters, peer="10.9.163.62"):
+    # NCCL on each reporter: "NET/IB : Got completion from peer 10.9.163.62<31268> with status=12"
+    return [sym("nccl.ib_completion_error", "network", node=n, priority=58, peer_ip=peer) for n in reporters]
+
+
+def bare_assert(node="n2", rank=1):
+    return sym("python.exception_bare", "user_error", node=node, rank=rank, priority=22, exc="AssertionError")
+
+
+def test_connections_to_an_unmapped_address_fail_because_the_one_process_elsewhere_died():
+    """Every failing connection ends at one address no record maps; the one rank that failed on
+    its own is on a node none of the reporters is: that process's death is the cause."""
+    v = decide(ONE_PER_NODE, [bare_assert()] + _ib_errors(["n1", "n3", "n4"]))
+    assert (v.cause, v.culprit_nodes, v.culprit_ranks) == ("user_error", ["n2"], [1])
+    assert any("the process that died" in r for r in v.reasoning)
+
+
+def test_near_misses_of_a_death_at_the_unmapped_address():
+    from slurm_attr.reason import netloc, policy
+
+    ranks = {i: n for i, n in enumerate(NODES)}
+    level = policy.load().group("rank_level")
+
+    def step(syms):
+        return netloc.explain_by_a_death(syms, netloc.vote(syms), ranks, level)
+
+    assert step([bare_assert()] + _ib_errors(["n1", "n3", "n4"])) is not None  # the positive, as a step
+    # the failed rank sits on a reporting node: its error may be the network's consequence
+    syms = [bare_assert(node="n3", rank=2)] + _ib_errors(["n1", "n3", "n4"])
+    assert step(syms) is None and all(s.role == "root" for s in syms)
+    # two nodes with their own failures: whose the address is cannot be told
+    assert step([bare_assert(), sym("python.exception", "user_error", node="n5", rank=4)] + _ib_errors(["n1", "n3", "n4"])) is None
+    # a link that really went down (the kernel's word)
+    assert step([bare_assert(), sym("net.ib_port_down", "network", trusted=True, node="n1")] + _ib_errors(["n1", "n3", "n4"])) is None
+    # the address is mapped to a node (n2 itself): the vote names the node, nothing to infer
+    assert step([bare_assert()] + [sym("nccl.ib_completion_error", "network", node=n, peer_node="n2") for n in ("n1", "n3")]) is None

@@ -209,3 +209,30 @@ def test_one_node_on_another_driver_where_the_job_failed_at_launch_is_drained(cl
     n4 = [a for a in v["actions"] if a["node"] == "n4" and a["kind"] == "drain"]
     assert n4 and n4[0]["applied"], v["actions"]
     assert cluster.ours("n4") and cluster.node_state("n4")[0].startswith("drain"), cluster.node_state("n4")
+
+
+def test_the_failure_after_torchruns_restart_decides_the_one_before_it_was_survived(cluster):
+    """Real torchrun (--max-restarts 1): a CUDA OOM on local rank 1, the restart, then the program's
+    ValueError on local rank 0 ends the job. At torchrun's default log level the restart line is
+    not printed: the agent's report of the first failure, a pid its final summary does not name,
+    says it (torch.restart_inferred); with LOGLEVEL=INFO the agent says so itself. Near miss: no
+    restart allowed, the OOM ends it."""
+    import sys
+    from pathlib import Path
+
+    job_py = Path(__file__).resolve().parents[2] / "cluster" / "jobs" / "elastic_restart.py"
+    script = ("#!/bin/bash\n#SBATCH -N1 -t 3\n{env}"
+              f"{sys.executable} -m torch.distributed.run --standalone --nproc_per_node=2 --max-restarts={{n}} {job_py}\n")
+    for env, marker in (("", "torch.restart_inferred"), ("export LOGLEVEL=INFO\n", "torch.elastic_restart")):
+        job = cluster.sbatch(script.format(env=env, n=1))
+        assert cluster.wait_state(job) == "FAILED"
+        v = cluster.verdict(job)
+        assert v["cause"] == "user_error" and "ValueError" in v["summary"], (env, v["summary"])
+        oom = [s for s in v["symptoms"] if s["cause"] == "cuda_oom"]
+        assert oom and all(s["role"] == "context" and "lived through" in (s.get("status") or {}).get("earlier", "")
+                           for s in oom), (env, oom)
+        assert any(s["id"] == marker for s in v["symptoms"]), (env, [s["id"] for s in v["symptoms"]])
+    near = cluster.sbatch(script.format(env="", n=0))
+    assert cluster.wait_state(near) == "FAILED"
+    v = cluster.verdict(near)
+    assert v["cause"] == "cuda_oom" and not any(s["id"].startswith("torch.restart") for s in v["symptoms"]), v["summary"]

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Mapping, Optional
 
-from . import read_table
+from . import table_rows
 
 from slurm_attr.errors import RuleError
 from slurm_attr.model import ACTION_KINDS, CAUSES, ROLES, Symptom
@@ -39,17 +39,15 @@ class XidRow:
     meaning: str
 
 
+COLUMNS = ("xid", "name", "cause", "role", "action", "priority", "bucket", "meaning")
+
+
 def _load_table() -> dict[int, XidRow]:
-    text = read_table("xid.tsv")
     table: dict[int, XidRow] = {}
-    for no, line in enumerate(text.splitlines(), 1):
-        if not line.strip() or line.startswith("#"):
-            continue
-        cols = line.split("\t")
-        if len(cols) != 8:
-            raise RuleError(f"rules/xid.tsv:{no}: expected 8 tab-separated columns, got {len(cols)}")
+    for no, c in table_rows("xid.tsv", COLUMNS):
         try:
-            row = XidRow(int(cols[0]), cols[1], cols[2], cols[3], cols[4], int(cols[5]), cols[6], cols[7])
+            row = XidRow(int(c["xid"]), c["name"], c["cause"], c["role"], c["action"], int(c["priority"]), c["bucket"],
+                         c["meaning"])
         except ValueError as err:
             raise RuleError(f"rules/xid.tsv:{no}: {err}") from err
         if row.cause not in CAUSES or row.role not in ROLES or row.action not in ACTION_KINDS:

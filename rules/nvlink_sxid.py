@@ -8,7 +8,7 @@ codes, fabric manager configuration). Non-fatal lines stay context without an ac
 from __future__ import annotations
 
 from dataclasses import dataclass
-from . import read_table
+from . import table_rows
 from typing import Mapping, Optional
 
 from slurm_attr.errors import RuleError
@@ -27,19 +27,18 @@ class SxidRow:
     meaning: str
 
 
+COLUMNS = ("sxid", "unit", "name", "action", "bucket", "meaning")
+
+
 def _load() -> tuple[dict[int, SxidRow], list[SxidRow]]:
-    text = read_table("sxid.tsv")
     codes: dict[int, SxidRow] = {}
     ranges: list[SxidRow] = []
-    for no, line in enumerate(text.splitlines(), 1):
-        if not line.strip() or line.startswith("#"):
-            continue
-        cols = line.split("\t")
-        if len(cols) != 6 or cols[3] not in ACTION_KINDS:
-            raise RuleError(f"rules/sxid.tsv:{no}: expected 6 columns with a known action")
+    for no, c in table_rows("sxid.tsv", COLUMNS):
+        if c["action"] not in ACTION_KINDS:
+            raise RuleError(f"rules/sxid.tsv:{no}: unknown action {c['action']!r}")
         try:
-            lo, _, hi = cols[0].partition("-")
-            row = SxidRow(int(lo), int(hi or lo), *cols[1:])
+            lo, _, hi = c["sxid"].partition("-")
+            row = SxidRow(int(lo), int(hi or lo), c["unit"], c["name"], c["action"], c["bucket"], c["meaning"])
         except ValueError as err:
             raise RuleError(f"rules/sxid.tsv:{no}: {err}") from err
         if row.lo == row.hi:

@@ -7,7 +7,7 @@ without registers (older drivers) keeps the Xid table's row.
 from __future__ import annotations
 
 import re
-from . import read_table
+from . import table_rows
 from typing import Optional
 
 from slurm_attr.errors import RuleError
@@ -28,23 +28,22 @@ _ORDER = list(CLASSES)
 REGISTERS = re.compile(r"link\s*(?P<link>\d+)\s*\((?P<regs>0x[0-9a-fA-F]+(?:,\s*0x[0-9a-fA-F]+){6})\)")
 
 
+COLUMNS = ("register", "bits", "class", "meaning")
+
+
 def _load() -> tuple[dict[tuple[int, int], str], list[tuple[str, str, str, str]]]:
-    text = read_table("xid74_bits.tsv")
     bits: dict[tuple[int, int], str] = {}
     rows = []
-    for no, line in enumerate(text.splitlines(), 1):
-        if not line.strip() or line.startswith("#"):
-            continue
-        cols = line.split("\t")
-        if len(cols) != 4 or cols[2] not in CLASSES:
-            raise RuleError(f"rules/xid74_bits.tsv:{no}: expected register, bits, a known class, meaning")
+    for no, c in table_rows("xid74_bits.tsv", COLUMNS):
+        if c["class"] not in CLASSES:
+            raise RuleError(f"rules/xid74_bits.tsv:{no}: unknown class {c['class']!r}")
         try:
-            reg = int(cols[0])
-            for b in cols[1].split(","):
-                bits[(reg, int(b))] = cols[2]
+            reg = int(c["register"])
+            for b in c["bits"].split(","):
+                bits[(reg, int(b))] = c["class"]
         except ValueError as err:
             raise RuleError(f"rules/xid74_bits.tsv:{no}: {err}") from err
-        rows.append((cols[0], cols[1], cols[2], cols[3]))
+        rows.append((c["register"], c["bits"], c["class"], c["meaning"]))
     return bits, rows
 
 

@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # the names below, imported when first used (see __getattr__)
     from ..bundle import Bundle
     from ..config import Config
     from ..model import Symptom
-    from .analysis import Analysis, Finding
+    from .findings import Analysis, Finding
     from .loader import DumpSet, load_dumps
     from .matrix import Matrix, build_matrix
     from .report import Report, inspect

@@ -10,7 +10,7 @@ from __future__ import annotations
 import string
 from dataclasses import dataclass, field
 
-from .analysis import Analysis, Finding
+from .findings import Analysis, Finding
 from .groups import Group, order_key
 from .loader import DumpSet
 from .symptoms import clean, ranges

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from ..bundle import Bundle
 from ..config import Config
 from ..model import Coverage, Symptom
-from .analysis import Analysis, analyse
+from .analysis import analyse
+from .findings import Analysis
 from .groups import world_ranks
 from .loader import DEFAULT_TAIL_ENTRIES, DumpSet, load_dumps, reload_full
 from .symptoms import coverage, to_symptoms, window_coverage

@@ -11,7 +11,9 @@ lines, whose clocks and dmesg -T conversions drift) is its aftermath, not a riva
 
 torchrun's "Root Cause (first observed failure)" block times the failure of the rank it names.
 Where no line carries a time, srun's own order of task exits names the first task that exited
-with an error; the roots on that task's node go first.
+with an error; the roots on that task's node go first. Where a trusted kernel event on another
+node falls within the clocks' margin after the first failure, and srun says the first task to
+exit was on the first failure's node, the event came with the teardown that exit started.
 """
 from __future__ import annotations
 
@@ -116,6 +118,11 @@ def order(pool: Sequence[Symptom], syms: Sequence[Symptom], job: Mapping[str, An
         first = min(cands, key=lambda s: (est(s), span[id(s)][1], not s.trusted, first_line(s)))
         t0 = est(first)
         exact0 = span[id(first)][0] == span[id(first)][1]
+        # srun's own order of task exits breaks what the clocks cannot: a trusted event within the
+        # margin on another node than the task srun says exited first, whose node is the first
+        # failure's, came with the teardown that exit started
+        ex = _srun_first_exit(syms)
+        exited_here = ex is not None and ex.node is not None and ex.node == first.node
         later = []
         for s in cands:
             if s is first or (s.cause == first.cause and s.node is not None and s.node == first.node):
@@ -132,6 +139,8 @@ def order(pool: Sequence[Symptom], syms: Sequence[Symptom], job: Mapping[str, An
             margin = TRUSTED_MARGIN_S if s.trusted else 0.0
             same_file_after = first_line(s)[0] == first_line(first)[0] and first_line(s)[1] > first_line(first)[1]
             if t > t0 + margin or (not s.trusted and t >= t0 and same_file_after):
+                later.append(s)
+            elif s.trusted and exited_here and t >= t0 and s.node and s.node != first.node:
                 later.append(s)
             elif t == _INF and not s.trusted and s.cause in policy.load().group("echo") and s.cause != first.cause and exact0:
                 later.append(s)  # an untimed echo cannot outrank a failure whose time is known

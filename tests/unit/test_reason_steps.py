@@ -381,3 +381,19 @@ def test_a_fault_after_the_job_ended_is_not_its_cause_but_still_drains():
                  trusted=True, node="n2", priority=98, action="reboot")
     v = decide(JOB, [exc, during], CLEAN)  # near-miss: during the job, with an untimed exception: the Xid decides
     assert v.cause == "gpu_hardware"
+
+
+def test_a_kernel_event_on_another_node_within_the_margin_came_with_the_teardown_srun_started():
+    """The program's error on n2, srun's first exit on n2; an Xid on n1 30 s later, within the
+    kernel clocks' margin: it came with the teardown (still drains: its action is kept)."""
+    exc = sym("cuda.error", "user_error", "5: [rank5]:[E502 10:00:09.2 1 x.cpp:1] ValueError: bad shape", rank=5, node="n2")
+    xid = sym("gpu.xid_79", "gpu_hardware", "May 02 10:00:40 n1 kernel: NVRM: Xid (PCI:0000:3b:00): 79", trusted=True, node="n1",
+              priority=98, action="drain")
+    o = firstfailure.order([exc, xid], [exc, xid, _srun_exit("n2", 5, 20)], JOB)
+    assert o.first is exc and o.later == [xid] and xid.action == "drain"
+    # near misses: srun's first exit on the Xid's node, or no exit order at all: the tier decides
+    for extra in ([_srun_exit("n1", 1, 20)], []):
+        exc2 = sym("cuda.error", "user_error", "5: [rank5]:[E502 10:00:09.2 1 x.cpp:1] ValueError: bad shape", rank=5, node="n2")
+        xid2 = sym("gpu.xid_79", "gpu_hardware", "May 02 10:00:40 n1 kernel: NVRM: Xid (PCI:0000:3b:00): 79", trusted=True,
+                   node="n1", priority=98)
+        assert firstfailure.order([exc2, xid2], [exc2, xid2] + extra, JOB).later == []

@@ -34,6 +34,7 @@ SETTLE_S = 10.0      # a job accounting has no final state for yet waits this lo
 # or seconds, whichever comes first: the Comment trails its verdict by at most a few seconds.
 COMMENT_FLUSH_N = 50
 COMMENT_FLUSH_S = 5.0
+BACKOFF_WAIT_S = 30.0  # a job whose next try is this close keeps the worker waiting for it
 YIELD_POLL_S = 1.0   # how often a yielding worker looks at the host's CPU pressure again
 _offload_asked: dict[str, float] = {}  # pending key -> when this worker last asked about its analysis job
 FD_ENV = "SLURM_ATTR_WORKER_FD"
@@ -158,10 +159,14 @@ def _nodes_in(bdir: str, nodes: list[str]) -> bool:
 
 
 def _ready(cfg: Config, doc: dict[str, Any], now: float) -> bool | None:
-    """True: analyse now; None: later (its node parts may still come); False: not this run's
-    (a failed job in its backoff: `sattr retry` and later hooks take it)."""
+    """True: analyse now; None: later (its node parts may still come, its short backoff ends
+    soon); False: not this run's (a failed job in a long backoff: `sattr retry` and later hooks
+    take it)."""
     if int(doc.get("attempts") or 0) and float(doc.get("next_try") or 0) > now:
-        return False
+        # A short backoff (a locked database, accounting a moment behind) is waited out by the
+        # worker that has the slot: given back, the job would wait for the next job's end or the
+        # timer. A long one is `sattr retry`'s and the later hooks'.
+        return None if float(doc["next_try"]) - now <= BACKOFF_WAIT_S else False
     if doc.get("offload"):
         # Its analysis runs as a Slurm job: take it when the result is there, and ask accounting
         # whether that job ended without one at most every offload.POLL_S.

@@ -97,11 +97,14 @@ def test_a_job_waits_for_its_node_parts_but_not_past_node_wait(cfg, monkeypatch)
     _pending(cfg, "24", nodes=["n1"], since=now)                            # no bundle dir yet
     assert pool._ready(cfg, intake.load(cfg, "24") | {"key": "24"}, now) is None
     assert pool._ready(cfg, intake.load(cfg, "24") | {"key": "24"}, now + 31) is True
-    failed = intake.failed(cfg, "23", "database is locked")  # in its backoff: not this run's
-    assert pool._ready(cfg, failed | {"key": "23"}, now) is False
+    failed = intake.failed(cfg, "23", "database is locked")  # a short backoff: this worker waits it out
+    assert pool._ready(cfg, failed | {"key": "23"}, now) is None
+    # near miss: a long backoff is not this run's (`sattr retry` and later hooks take it)
+    assert pool._ready(cfg, failed | {"key": "23", "next_try": now + pool.BACKOFF_WAIT_S + 5}, now) is False
 
 
 def test_a_job_the_worker_cannot_process_is_backed_off_not_spun_on(cfg, monkeypatch):
+    monkeypatch.setattr(pool, "BACKOFF_WAIT_S", 0.0)  # every backoff is a long one here
     _pending(cfg, "41", since=time.time() - 60)
     calls = []
 
@@ -181,3 +184,23 @@ def test_cpu_pressure_reads_psi(tmp_path):
     f.write_text("some avg10=42.50 avg60=10.00 avg300=1.00 total=123\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
     assert pool.cpu_pressure(str(f)) == 42.5
     assert pool.cpu_pressure(str(tmp_path / "missing")) is None
+
+
+def test_a_job_in_a_short_backoff_is_retried_by_the_worker_that_has_the_slot(cfg, monkeypatch):
+    """The database was locked for the first try: the same worker tries again once the backoff
+    ends, instead of giving its slot back and leaving the job to the next job's end or the timer."""
+    monkeypatch.setattr(intake, "BACKOFF_START_S", 0.2)
+    monkeypatch.setattr(pool, "POLL_S", 0.05)
+    _pending(cfg, "51", since=time.time() - 60)
+    calls = []
+
+    def process(cfg_, key, **kw):
+        calls.append(key)
+        if len(calls) == 1:
+            intake.failed(cfg_, key, "OperationalError: database is locked")
+            return "pending"
+        intake.done(cfg_, key)
+        return "stored"
+    monkeypatch.setattr(attempt, "process", process)
+    counts = pool.work(cfg, pool._take_slot(cfg), slurm=Acct({"51": {"State": "FAILED"}}), open_store=lambda c: None)
+    assert calls == ["51", "51"] and counts["stored"] == 1 and intake.entries(cfg) == []

@@ -211,6 +211,7 @@ def test_one_node_on_another_driver_where_the_job_failed_at_launch_is_drained(cl
     assert cluster.ours("n4") and cluster.node_state("n4")[0].startswith("drain"), cluster.node_state("n4")
 
 
+@pytest.mark.torch  # real torchrun: the versions stage's roots have no torch wheel
 def test_the_failure_after_torchruns_restart_decides_the_one_before_it_was_survived(cluster):
     """Real torchrun (--max-restarts 1): a CUDA OOM on local rank 1, the restart, then the program's
     ValueError on local rank 0 ends the job. At torchrun's default log level the restart line is

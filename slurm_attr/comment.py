@@ -22,9 +22,9 @@ import time
 from typing import Iterable
 
 from . import jobtext
-from .errors import SlurmError, SlurmUnavailable
+from .errors import SlurmError
 from .model import Verdict
-from .slurm.base import SlurmAccess
+from .slurm.base import SlurmAccess, set_comments_each
 from .store import Store
 
 MARKER = "SATTR1:"
@@ -271,21 +271,7 @@ def retry_pending(slurm: SlurmAccess, store: Store, give_up_after: int = 50,
 
 def _set_comments(slurm: SlurmAccess, items: list[tuple[str, str, str]]) -> dict[str, SlurmError | None]:
     batch = getattr(slurm, "set_job_comments", None)
-    if batch is not None:
-        return batch(items)
-    out: dict[str, SlurmError | None] = {}
-    for job_id, field, text in items:
-        try:
-            slurm.set_job_comment(job_id, field, text)
-            out[job_id] = None
-        except SlurmUnavailable as err:
-            if "no record" not in str(err):
-                # Accounting is down: every other write would wait out its timeout too.
-                return {**out, **{j: err for j, _f, _t in items if j not in out}}
-            out[job_id] = err
-        except SlurmError as err:
-            out[job_id] = err
-    return out
+    return batch(items) if batch is not None else set_comments_each(slurm, items)
 
 
 def _current_comments(slurm: SlurmAccess, ids: list[str], field: str) -> dict[str, str | None]:

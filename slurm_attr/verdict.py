@@ -104,7 +104,6 @@ def decide(job: Mapping[str, Any], symptoms: Sequence[Symptom], coverage: Sequen
     if died is not None:
         claim_notes.append(f"{rank.where(died)}: the process that died; the failing connections all end at "
                            f"{vote.winners[0]}, which no record maps, on no other node's side")
-        vote = netloc.vote(syms)
     choice = rank.choose(syms, ranks, job, clock, complete=_evidence_complete(coverage, nodes))
     vote_sym, choice.primary = netloc.place_vote(choice.cause, choice.primary, vote, syms)
     sp = policy.load().special

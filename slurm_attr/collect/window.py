@@ -173,7 +173,3 @@ def resolve(job_id: str, end: float, slack: float, env_start: Optional[float] = 
                              f"before its end, plus {slack:.0f}s slack")
     return Window(start=end, end=end, start_source="none", trusted_start=False,
                   detail=f"no trusted job start ({why}): only the {slack:.0f}s before the job's end were read")
-
-
-
-    return read

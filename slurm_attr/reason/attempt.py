@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional, Sequence
 
 from ..model import Symptom
+from . import policy
 from .timeline import Clock, clock_of, first_line, parse_iso, symptom_time
 
 UNTRUSTED_SLACK_S = 120.0
@@ -80,8 +81,6 @@ def mark_survived(syms: Sequence[Symptom], clock: Optional[Clock] = None) -> lis
     ended it comes after the last restart. Untrusted findings only: a fatal kernel event before
     a restart still says the node is broken. Before means above the last restart line in the
     same output file, or, in another file, timed before it."""
-    from . import policy
-
     marks = policy.load().special.restarts
     restarts = [s for s in syms if s.id in marks]
     if not restarts:

@@ -52,6 +52,26 @@ class SlurmAccess(Protocol):
         ``ARRAYJOBID_TASKID``). CancelRefused when a check fails, SlurmError when Slurm did."""
 
 
+def set_comments_each(backend: Any, items: list[tuple[str, str, str]]) -> dict[str, Any]:
+    """set_job_comment for each (job id, field, text), for backends that write one at a time:
+    {job id: None when written, else the SlurmError}. Accounting down (not merely lacking a job's
+    record yet) fails the rest at once: every other write would wait out its timeout too."""
+    from ..errors import SlurmError, SlurmUnavailable
+
+    out: dict[str, Any] = {}
+    for job_id, field, text in items:
+        try:
+            backend.set_job_comment(job_id, field, text)
+            out[job_id] = None
+        except SlurmUnavailable as err:
+            if "no record" not in str(err):
+                return {**out, **{j: err for j, _f, _t in items if j not in out}}
+            out[job_id] = err
+        except SlurmError as err:
+            out[job_id] = err
+    return out
+
+
 def default_backend(slurm_bin: str, slurm_conf: str, timeout: float = 15.0,
                     comment_tool: str = "", backend: str = "auto") -> "SlurmAccess":
     """The backend ``[slurm] backend`` names (select.py): pyslurm where its release line

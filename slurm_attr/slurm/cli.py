@@ -13,6 +13,7 @@ import subprocess
 from typing import Any, Iterator
 
 from ..errors import SlurmError, SlurmUnavailable
+from .base import set_comments_each
 from .cancel import cancel_target
 
 # `scontrol -o show job` prints `Key=Value Key=Value ...`; values may hold spaces
@@ -218,13 +219,7 @@ class CliSlurm:
         if not items:
             return out
         if not (self.comment_tool and os.access(self.comment_tool, os.X_OK)):
-            for job_id, field, text in items:
-                try:
-                    self.set_job_comment(job_id, field, text)
-                    out[job_id] = None
-                except SlurmError as err:
-                    out[job_id] = err
-            return out
+            return set_comments_each(self, items)
         asked = {job_id for job_id, _f, _t in items}
         # JOBID or A_T as given: an array task must be named A_T (see comment._write_field)
         payload = b"".join(f"{j}\0{f}\0{t}\0".encode() for j, f, t in items)

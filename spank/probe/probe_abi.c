@@ -38,18 +38,26 @@ static sattr_nccl_result_t record_v4(void *eHandle, int eState, sattr_state_args
     return SATTR_NCCL_SUCCESS;
 }
 
-/* ---- v5 ------------------------------------------------------------------------------ */
-static sattr_nccl_result_t init_v5(void **context, uint64_t commId, int *eActivationMask,
-                                   const char *commName, int nNodes, int nranks, int rank,
-                                   sattr_nccl_logger_t logfn)
+/* Every version's init: our slot for the communicator, and the mask NCCL reads back. */
+static sattr_nccl_result_t init_any(int api, void **context, int *eActivationMask, uint64_t comm_hash,
+                                    const char *commName, int nNodes, int nranks, int rank,
+                                    sattr_nccl_logger_t logfn)
 {
     int mask = 0;
-    void *ctx = sattr_comm_init(5, commId, commName, nNodes, nranks, rank, logfn, &mask);
+    void *ctx = sattr_comm_init(api, comm_hash, commName, nNodes, nranks, rank, logfn, &mask);
     if (context != NULL)
         *context = ctx;
     if (eActivationMask != NULL)
         *eActivationMask = mask;
     return SATTR_NCCL_SUCCESS;
+}
+
+/* ---- v5 ------------------------------------------------------------------------------ */
+static sattr_nccl_result_t init_v5(void **context, uint64_t commId, int *eActivationMask,
+                                   const char *commName, int nNodes, int nranks, int rank,
+                                   sattr_nccl_logger_t logfn)
+{
+    return init_any(5, context, eActivationMask, commId, commName, nNodes, nranks, rank, logfn);
 }
 
 static inline void *start_v5_event(void *ctx, const sattr_descr_v5 *d)
@@ -111,13 +119,7 @@ static sattr_nccl_result_t init_v6(void **context, uint64_t commId, int *eActiva
                                    const char *commName, int nNodes, int nranks, int rank,
                                    sattr_nccl_logger_t logfn)
 {
-    int mask = 0;
-    void *ctx = sattr_comm_init(6, commId, commName, nNodes, nranks, rank, logfn, &mask);
-    if (context != NULL)
-        *context = ctx;
-    if (eActivationMask != NULL)
-        *eActivationMask = mask;
-    return SATTR_NCCL_SUCCESS;
+    return init_any(6, context, eActivationMask, commId, commName, nNodes, nranks, rank, logfn);
 }
 
 static sattr_nccl_result_t start_v6(void *ctx, void **eHandle, sattr_descr_v6 *d)
@@ -150,13 +152,7 @@ static sattr_nccl_result_t init_v4(void **context, int *eActivationMask, const c
                                    uint64_t commHash, int nNodes, int nranks, int rank,
                                    sattr_nccl_logger_t logfn)
 {
-    int mask = 0;
-    void *ctx = sattr_comm_init(4, commHash, commName, nNodes, nranks, rank, logfn, &mask);
-    if (context != NULL)
-        *context = ctx;
-    if (eActivationMask != NULL)
-        *eActivationMask = mask;
-    return SATTR_NCCL_SUCCESS;
+    return init_any(4, context, eActivationMask, commHash, commName, nNodes, nranks, rank, logfn);
 }
 
 static sattr_nccl_result_t start_v4(void *ctx, void **eHandle, sattr_descr_v4 *d)
@@ -201,13 +197,7 @@ SATTR_EXPORT sattr_profiler_v4 ncclProfiler_v4 = {
 /* ---- v3: no communicator identity at init; it comes with each Coll/P2p ---------------- */
 static sattr_nccl_result_t init_v3(void **context, int *eActivationMask)
 {
-    int mask = 0;
-    void *ctx = sattr_comm_init(3, 0, NULL, 0, 0, -1, NULL, &mask);
-    if (context != NULL)
-        *context = ctx;
-    if (eActivationMask != NULL)
-        *eActivationMask = mask;
-    return SATTR_NCCL_SUCCESS;
+    return init_any(3, context, eActivationMask, 0, NULL, 0, 0, -1, NULL);
 }
 
 static void learn_v3(void *ctx, uint64_t comm_hash, int rank)

@@ -125,27 +125,22 @@ typedef union {
     struct { uint64_t pTimer; } kernelCh;
 } sattr_state_args_v4;
 
-typedef struct {
-    const char *name;
-    sattr_nccl_result_t (*init)(void **context, uint64_t commId, int *eActivationMask,
-                                const char *commName, int nNodes, int nranks, int rank,
-                                sattr_nccl_logger_t logfn);
-    sattr_nccl_result_t (*startEvent)(void *context, void **eHandle, sattr_descr_v5 *eDescr);
-    sattr_nccl_result_t (*stopEvent)(void *eHandle);
-    sattr_nccl_result_t (*recordEventState)(void *eHandle, int eState, sattr_state_args_v4 *eStateArgs);
-    sattr_nccl_result_t (*finalize)(void *context);
-} sattr_profiler_v5;
+/* The v5 and v6 function tables: the same members, each with its own descriptor type. */
+#define SATTR_PROFILER_V5_TABLE(descr_t)                                                      \
+    struct {                                                                                 \
+        const char *name;                                                                    \
+        sattr_nccl_result_t (*init)(void **context, uint64_t commId, int *eActivationMask,   \
+                                    const char *commName, int nNodes, int nranks, int rank,  \
+                                    sattr_nccl_logger_t logfn);                              \
+        sattr_nccl_result_t (*startEvent)(void *context, void **eHandle, descr_t *eDescr);  \
+        sattr_nccl_result_t (*stopEvent)(void *eHandle);                                     \
+        sattr_nccl_result_t (*recordEventState)(void *eHandle, int eState,                   \
+                                                sattr_state_args_v4 *eStateArgs);            \
+        sattr_nccl_result_t (*finalize)(void *context);                                      \
+    }
 
-typedef struct {
-    const char *name;
-    sattr_nccl_result_t (*init)(void **context, uint64_t commId, int *eActivationMask,
-                                const char *commName, int nNodes, int nranks, int rank,
-                                sattr_nccl_logger_t logfn);
-    sattr_nccl_result_t (*startEvent)(void *context, void **eHandle, sattr_descr_v6 *eDescr);
-    sattr_nccl_result_t (*stopEvent)(void *eHandle);
-    sattr_nccl_result_t (*recordEventState)(void *eHandle, int eState, sattr_state_args_v4 *eStateArgs);
-    sattr_nccl_result_t (*finalize)(void *context);
-} sattr_profiler_v6;
+typedef SATTR_PROFILER_V5_TABLE(sattr_descr_v5) sattr_profiler_v5;
+typedef SATTR_PROFILER_V5_TABLE(sattr_descr_v6) sattr_profiler_v6;
 
 /* ---- v4 (NCCL 2.27) ----------------------------------------------------------------- */
 typedef struct {

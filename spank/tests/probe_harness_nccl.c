@@ -245,6 +245,30 @@ void fake_state(struct fake_nccl *n, void *h, int state, uint64_t arg, int with_
         n->v3->recordEventState(h, state, with_arg ? &a3 : NULL); /* v3 knows states 0..18 */
 }
 
+/* v5+: the application's call, an implicit group around one collective (GroupApi, CollApi);
+ * returns the GroupApi handle, the CollApi one in *capi. */
+static void *api_call(struct fake_nccl *n, void *ctx, int rank, const char *func, size_t count,
+                      const char *dtype, void **capi)
+{
+    struct hev e;
+    void *gapi;
+    memset(&e, 0, sizeof(e));
+    e.rank = rank;
+    e.type = SATTR_EV_GROUP_API;
+    e.depth = 1; /* implicit group */
+    gapi = fake_start(n, ctx, &e);
+    fake_state(n, gapi, SATTR_ST_BEGIN_GROUP_API_END, 0, 0);
+    e.type = SATTR_EV_COLL_API;
+    e.parent = gapi;
+    e.func = func;
+    e.count = count;
+    e.dtype = dtype;
+    *capi = fake_start(n, ctx, &e);
+    fake_stop(n, *capi);
+    fake_state(n, gapi, SATTR_ST_END_GROUP_API_START, 0, 0);
+    return gapi;
+}
+
 void *fake_collective(struct fake_nccl *n, void *ctx, int rank, const char *func, uint64_t seq,
                       size_t count, uint8_t nch, uint64_t hash)
 {
@@ -254,23 +278,11 @@ void *fake_collective(struct fake_nccl *n, void *ctx, int rank, const char *func
     e.rank = rank;
     if (n->v5 || n->v6) {
         /* v5 order (research/nccl-probe.md 5): GroupApi, CollApi, KernelLaunch, Group, Coll */
-        e.type = SATTR_EV_GROUP_API;
-        e.depth = 1; /* implicit group */
-        gapi = fake_start(n, ctx, &e);
-        fake_state(n, gapi, SATTR_ST_BEGIN_GROUP_API_END, 0, 0);
-        e.type = SATTR_EV_COLL_API;
-        e.parent = gapi;
-        e.func = func;
-        e.count = count;
-        e.dtype = "ncclFloat32";
-        capi = fake_start(n, ctx, &e);
-        fake_stop(n, capi);
-        fake_state(n, gapi, SATTR_ST_END_GROUP_API_START, 0, 0);
+        gapi = api_call(n, ctx, rank, func, count, "ncclFloat32", &capi);
         e.type = SATTR_EV_KERNEL_LAUNCH;
         e.parent = gapi;
         kl = fake_start(n, ctx, &e);
         fake_stop(n, kl);
-        e.parent = capi;
     }
     memset(&e, 0, sizeof(e));
     e.rank = rank;
@@ -298,19 +310,8 @@ void *fake_ce_collective(struct fake_nccl *n, void *ctx, int rank, const char *f
                          size_t count, uint32_t ce_seq)
 {
     struct hev e;
-    void *gapi, *capi, *ce, *sync;
-    memset(&e, 0, sizeof(e));
-    e.rank = rank;
-    e.type = SATTR_EV_GROUP_API;
-    e.depth = 1;
-    gapi = fake_start(n, ctx, &e);
-    e.type = SATTR_EV_COLL_API;
-    e.parent = gapi;
-    e.func = func;
-    e.count = count;
-    e.dtype = "ncclBfloat16";
-    capi = fake_start(n, ctx, &e);
-    fake_stop(n, capi);
+    void *capi, *ce, *sync;
+    void *gapi = api_call(n, ctx, rank, func, count, "ncclBfloat16", &capi);
     memset(&e, 0, sizeof(e));
     e.rank = rank;
     e.type = SATTR_EV_CE_COLL;

@@ -41,11 +41,11 @@ install:
 	ln -sf $(SITE_VENV)/bin/sattr $(DESTDIR)$(PREFIX)/local/bin/sattr
 	$(MAKE) -C spank install
 	install -d $(DESTDIR)$(LIBEXEC)
-	install -m 0755 epilog/epilog.sh epilog/epilog_slurmctld.sh epilog/live_watch.sh $(DESTDIR)$(LIBEXEC)/
+	install -m 0755 epilog/prolog.sh epilog/epilog.sh epilog/epilog_slurmctld.sh epilog/live_watch.sh $(DESTDIR)$(LIBEXEC)/
 
 uninstall:
 	rm -rf $(DESTDIR)$(SITE_VENV) $(DESTDIR)$(PREFIX)/local/bin/sattr
-	rm -f $(DESTDIR)$(LIBEXEC)/epilog.sh $(DESTDIR)$(LIBEXEC)/epilog_slurmctld.sh $(DESTDIR)$(LIBEXEC)/live_watch.sh $(DESTDIR)$(LIBEXEC)/sattr-comment $(DESTDIR)$(LIBEXEC)/sattr-record
+	rm -f $(DESTDIR)$(LIBEXEC)/prolog.sh $(DESTDIR)$(LIBEXEC)/epilog.sh $(DESTDIR)$(LIBEXEC)/epilog_slurmctld.sh $(DESTDIR)$(LIBEXEC)/live_watch.sh $(DESTDIR)$(LIBEXEC)/sattr-comment $(DESTDIR)$(LIBEXEC)/sattr-record
 	rm -f $(DESTDIR)/usr/lib/x86_64-linux-gnu/slurm-wlm/slurm_attr.so $(DESTDIR)/usr/lib/slurm-attr/libnccl-profiler-sattr.so
 
 # Each stage runs even when an earlier one failed, so one run reports everything; the

@@ -34,6 +34,7 @@ wait_for() {
 job_state() { sacct -n -P -X -j "$1" -o State 2>/dev/null | head -1 | cut -d' ' -f1; }
 ended() { case $(job_state "$1") in COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY) return 0 ;; esac; return 1; }
 has_comment() { sacct -n -P -X -j "$1" -o Comment | grep -q 'SATTR1:'; }
+has_admin_comment() { sacct -n -P -X -j "$1" -o AdminComment | grep -q '^SATTR1: gpu_hardware'; }
 # expect JOB CAUSE NODE: the stored verdict says CAUSE and names NODE; else the demo fails (after
 # showing everything), so `make demo` cannot pass while showing a wrong answer.
 PROBLEMS=()
@@ -105,6 +106,10 @@ sinfo -R -o '%N|%T|%E' | column -t -s '|'
 sinfo -h -n n2 -o '%E' | grep -q "^SATTR: .*job $JOB" || PROBLEMS+=("n2 is not drained by slurm-attr for job $JOB")
 step "sacct -j $JOB -o JobID,State,Comment   (the user's comment kept, the verdict after it)"
 sacct -X -j "$JOB" -o JobID,State,Comment%120
+step "sacct -j $JOB -o AdminComment   (the admins' copy: the job's user cannot change it)"
+wait_for "the AdminComment of job $JOB" 60 has_admin_comment "$JOB" \
+    || PROBLEMS+=("job $JOB: no verdict in its AdminComment")
+sacct -X -j "$JOB" -o JobID,AdminComment%100
 sacct -n -P -X -j "$JOB" -o Comment | grep -q '^demo run; SATTR1: gpu_hardware' \
     || PROBLEMS+=("job $JOB: the Comment does not keep the user's text followed by the verdict")
 step "sattr undrain n2   (resumes only nodes slurm-attr drained; the demo leaves the cluster clean)"

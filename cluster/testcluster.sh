@@ -168,7 +168,7 @@ write_config() {
 
     # Hook wrappers: slurmd/slurmctld run hooks with a bare environment; these say where
     # the config and the interpreter are, then hand over to the real entry scripts.
-    for hook in epilog epilog_slurmctld; do
+    for hook in prolog epilog epilog_slurmctld; do
         cat > "$BASE/hooks/$hook.new" <<EOF
 #!/bin/sh
 export SLURM_ATTR_CONFIG=$BASE/etc/slurm_attr.toml SLURM_ATTR_PYTHON=$PY SLURM_CONF=$CONF
@@ -192,6 +192,52 @@ export SLURM_ATTR_CONFIG=$BASE/etc/slurm_attr.toml SLURM_ATTR_PYTHON=$PY SLURM_C
 exec $REPO/epilog/live_watch.sh "\$@" 2>>$BASE/log/live-watch.log
 EOF
     chmod 755 "$BASE/hooks/live_watch.new"; mv "$BASE/hooks/live_watch.new" "$BASE/hooks/live_watch"
+    # RebootProgram (slurm-attr's reboot recovery, recovery.py): a pretend node "reboots" by
+    # restarting its slurmd. slurmctld counts a reboot done only when the node registers with a
+    # boot time after the request; every pretend node shares this host's boot time, so the new
+    # slurmd runs in a time namespace whose boot clock starts now (uptime under a second at its
+    # start: a boot time even 1 s before the request reads as "still waiting for boot"). Logged.
+    cat > "$BASE/hooks/reboot.new" <<'EOF'
+#!/bin/bash
+BASE=@BASE@ CONF=@CONF@
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin  # slurmd >= 24.11 gives none
+p=$PPID slurmd_pid="" node=""
+while [ "${p:-1}" -gt 1 ]; do   # slurmd runs us through system(): find it and its -N
+    if [ "$(cat /proc/$p/comm 2>/dev/null)" = slurmd ]; then
+        slurmd_pid=$p
+        node=$(tr '\0' '\n' < /proc/$p/cmdline | sed -n '/^-N$/{n;p}')
+        break
+    fi
+    p=$(awk '{print $4}' /proc/$p/stat 2>/dev/null)
+done
+echo "$(date +%s.%N) node=${node:-?} slurmd=${slurmd_pid:-?} args=$*" >> "$BASE/log/reboots.log"
+[ -n "$node" ] && [ -n "$slurmd_pid" ] || exit 1
+# Slurm 26.05's slurmd kills the hook's process group as soon as the hook exits: the restart
+# runs in a session of its own, and the hook returns only once the restart is in it.
+rm -f "$BASE/run/reboot-$node.detached"
+setsid bash -c '
+    old=$1 node=$2 BASE=$3 CONF=$4
+    echo $$ > "$BASE/run/reboot-$node.detached"
+    sleep 1
+    kill -TERM "$old"
+    for _ in $(seq 100); do kill -0 "$old" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$old" 2>/dev/null
+    rm -f "$BASE/run/slurmd-$node.pid"
+    # Offsets are against the host clock, and this slurmd may already run in such a namespace
+    # (an earlier reboot): the host uptime is ours minus our own offset.
+    off=$(sed -n "s/^boottime *\(-\{0,1\}[0-9]*\).*/\1/p" /proc/self/timens_offsets 2>/dev/null)
+    up=$(( $(cut -d. -f1 /proc/uptime) - ${off:-0} ))
+    unshare --fork --time --boottime "-$up" slurmd -f "$CONF" -N "$node"
+    for _ in $(seq 100); do [ -s "$BASE/run/slurmd-$node.pid" ] && break; sleep 0.05; done
+    new=$(cat "$BASE/run/slurmd-$node.pid" 2>/dev/null)
+    [ -n "$new" ] && sed -i "s/^slurmd $old\$/slurmd $new/" "$BASE/run/started.pids"
+    echo "$(date +%s.%N) node=$node back: slurmd=$new" >> "$BASE/log/reboots.log"
+' reboot "$slurmd_pid" "$node" "$BASE" "$CONF" </dev/null >>"$BASE/log/reboots.err" 2>&1 &
+for _ in $(seq 50); do [ -s "$BASE/run/reboot-$node.detached" ] && break; sleep 0.05; done
+exit 0
+EOF
+    sed -i "s|@BASE@|$BASE|; s|@CONF@|$CONF|" "$BASE/hooks/reboot.new"
+    chmod 755 "$BASE/hooks/reboot.new"; mv "$BASE/hooks/reboot.new" "$BASE/hooks/reboot"
     # The worker-server start-up hook as the hooks' venv installed it (worker_hook=).
     local pyhook; pyhook=$("$PY" -I -c 'import os, slurm_attr.live as l; print(os.path.dirname(l.__file__) + "/pyhook")')
 
@@ -222,6 +268,11 @@ yield_pressure = 0
 
 [intake]
 queue_dir = "$BASE/attr/pending"
+
+# The verdict in AdminComment too (make demo shows it). Requeue, reboot and GPU reset change what
+# a failing job leaves behind (a node resumed, the job run again): the tests turn those on per test.
+[actions]
+admin_comment = true
 
 # The watchers the plugin starts for jobs in partition "live" (tests/integration/test_live_plugin.py,
 # which sets on_hang and ras_addr per test); the other live tests run watchers of their own.
@@ -261,6 +312,9 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
+# A requeued job (slurm-attr's requeue, the Prolog gate's) may start again only after the launch
+# credential's lifetime (default 120 s + 1): 30 s keeps those tests short.
+AuthInfo=cred_expire=30
 SlurmctldPort=6817
 StateSaveLocation=$BASE/state
 SlurmdSpoolDir=$BASE/spool/slurmd-%n
@@ -278,7 +332,7 @@ SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
 # A node freed by its epilog does not wake the scheduler; its periodic passes (60 s main, 30 s
 # backfill by default) then paced a burst of short jobs at ~12 a minute.
-SchedulerParameters=sched_interval=2,bf_interval=2
+SchedulerParameters=sched_interval=2,bf_interval=2,nohold_on_prolog_fail
 MpiDefault=none
 $switch
 ReturnToService=2
@@ -292,9 +346,14 @@ AccountingStoreFlags=job_comment
 JobAcctGatherType=jobacct_gather/linux
 JobCompType=jobcomp/none
 PlugStackConfig=$BASE/etc/plugstack.conf
+# The Prolog gate (epilog/prolog.sh): a node whose GPU failed while idle is drained before a job
+# lands on it, and the job is requeued (nohold_on_prolog_fail above: not held, it runs elsewhere).
+Prolog=$BASE/hooks/prolog
 Epilog=$BASE/hooks/epilog
 EpilogSlurmctld=$BASE/hooks/epilog_slurmctld
 PrologEpilogTimeout=60
+RebootProgram=$BASE/hooks/reboot
+ResumeTimeout=60
 NodeName=n[1-4] NodeHostname=$host NodeAddr=127.0.0.1 Port=[17001-17004] CPUs=2 RealMemory=1000 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 PartitionName=live Nodes=ALL Default=NO MaxTime=INFINITE State=UP

@@ -28,6 +28,7 @@ class JobView:
     job: dict[str, Any] = field(default_factory=dict)
     comment_status: str | None = None
     source: str = "database"  # database | copy (the root-written per-user copy)
+    comments: list[dict[str, Any]] = field(default_factory=list)  # the queue's entry per accounting field
 
 
 def caller() -> tuple[int, str]:
@@ -82,8 +83,8 @@ def job_view(cfg: Config, job_id: str) -> JobView:
             job = store.job(job_id)
             if not admin:
                 _check_owner(job, uid, name, job_id)
-            c = store.comment(job_id)
-            return JobView(verdict=v, job=job, comment_status=c["status"] if c else None)
+            return JobView(verdict=v, job=job, comment_status=store.comment_status(job_id),
+                           comments=store.job_comments(job_id))
     if admin and os.path.exists(cfg.paths.database):
         raise StoreError(f"cannot read {cfg.paths.database}")
     return _from_user_copy(cfg, job_id, uid, name, admin)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 import sqlite3
 import time
-from typing import Iterable
+from typing import Any, Iterable
 
 from . import jobtext
 from .errors import SlurmError
@@ -39,6 +39,12 @@ USER_MIN = 64
 # Characters that would break sacctmgr's argument parsing or the one-line field.
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f'\"|]")
 _ARRAY_TASK = re.compile(r"\d+_\d+")
+# AdminComment is the admins' field and other tools keep machine-read data there (Princeton's
+# jobstats writes "JS1:<base64 gzip>" and decodes the whole rest): a part appended to it would
+# break that reader. Ours goes in only where the field is empty or ours alone; otherwise the
+# entry ends "skipped" with this detail (the Comment still carries the verdict).
+ADMIN_FIELD = "AdminComment"
+FOREIGN = "AdminComment holds another tool's data: left as it is"
 
 
 def _clean(text: str) -> str:
@@ -78,6 +84,22 @@ def verdict_text(v: Verdict, max_len: int) -> str:
     head = _clean(" ".join(parts))
     text = f"{head} - {_clean(v.summary)}" if v.summary else head
     return _shorten(text, max_len)
+
+
+def fields(cfg: Any) -> list[str]:
+    """The accounting fields a verdict goes into: [comment] field, and AdminComment too with
+    [actions] admin_comment (where users cannot change it)."""
+    out = [cfg.comment.field]
+    if cfg.actions.admin_comment and ADMIN_FIELD not in out:
+        out.append(ADMIN_FIELD)
+    return out
+
+
+def queue_verdict(cfg: Any, store: Store, verdict: Verdict, slurm_job_id: str) -> None:
+    """Queue the verdict's line for each of its fields (written by write_many)."""
+    text = verdict_text(verdict, cfg.comment.max_len)
+    for field in fields(cfg):
+        store.queue_comment(verdict.job_id, slurm_job_id, field, text)
 
 
 def neutralise(user: str) -> str:
@@ -176,33 +198,29 @@ def write_many(slurm: SlurmAccess, store: Store, job_ids: list[str], give_up_aft
     Per field, one read of the current values, one write of those that change (one slurmdbd
     connection where the backend batches, ``set_job_comments``) and one read back: a worker's
     batch of verdicts costs three Slurm calls, not three per job."""
-    out: dict[str, tuple[bool, str]] = {}
-    rows: dict[str, dict] = {}
+    out: dict[str, tuple[bool, str]] = {j: (True, "") for j in job_ids}
+    by_field: dict[str, dict[str, dict]] = {}  # field -> job -> queued row
     for job_id in job_ids:
-        row = store.comment(job_id)
-        if row is None or row["status"] == "written":
-            out[job_id] = (True, "")
-        else:
-            rows[job_id] = row
-    by_field: dict[str, list[str]] = {}
-    for job_id, row in rows.items():
-        by_field.setdefault(row["field"], []).append(job_id)
+        for row in store.job_comments(job_id):
+            if row["status"] != "written":
+                by_field.setdefault(row["field"], {})[job_id] = row
     down = ""
-    for field, ids in by_field.items():
+    for field, rows in by_field.items():
+        ids = list(rows)
         for at in range(0, len(ids), 200):  # bounded work per Slurm call
             chunk = ids[at:at + 200]
             if down:  # accounting is down: every further chunk would wait out the same timeout
-                out.update({j: (False, down) for j in chunk})
-                continue
-            got = _write_field(slurm, store, field, {j: rows[j] for j in chunk}, max_len)
-            out.update(got)
-            errs = {d for ok, d in got.values() if not ok}
-            if len(errs) == 1 and not any(ok for ok, _d in got.values()) and "no record" not in next(iter(errs)):
-                down = next(iter(errs))
-    for job_id, (ok, detail) in out.items():  # detail: our part as written, or the error
-        if job_id in rows:
-            _record(store, job_id, ok, detail, give_up_after)
-    return {j: (True, "") if ok else (False, d) for j, (ok, d) in out.items()}
+                got = {j: (False, down) for j in chunk}
+            else:
+                got = _write_field(slurm, store, field, {j: rows[j] for j in chunk}, max_len)
+                errs = {d for ok, d in got.values() if not ok}
+                if len(errs) == 1 and not any(ok for ok, _d in got.values()) and "no record" not in next(iter(errs)):
+                    down = next(iter(errs))
+            for job_id, (ok, detail) in got.items():  # detail: our part as written, or the error
+                _record(store, job_id, field, ok, detail, give_up_after)
+                if not ok and out[job_id][0]:  # a job is written when every one of its fields is
+                    out[job_id] = (False, detail)
+    return out
 
 
 def _write_field(slurm: SlurmAccess, store: Store, field: str, rows: dict[str, dict],
@@ -223,6 +241,9 @@ def _write_field(slurm: SlurmAccess, store: Store, field: str, rows: dict[str, d
             out[j] = (False, f"accounting has no record of job {raw[j]} yet")
             continue
         full, ours = compose(now, row["text"], _known(row), max_len)
+        if field == ADMIN_FIELD and split(now, _known(row))[0].strip():
+            out[j] = (True, FOREIGN)
+            continue
         if now == full:
             out[j] = (True, ours)  # already there (an earlier write whose result was lost)
         else:
@@ -246,24 +267,27 @@ def _write_field(slurm: SlurmAccess, store: Store, field: str, rows: dict[str, d
     return out
 
 
-def _record(store: Store, job_id: str, ok: bool, err_or_ours: str, give_up_after: int) -> None:
+def _record(store: Store, job_id: str, field: str, ok: bool, err_or_ours: str, give_up_after: int) -> None:
     if not ok:
-        store.comment_result(job_id, ok=False, error=err_or_ours, give_up_after=give_up_after)
+        store.comment_result(job_id, field, ok=False, error=err_or_ours, give_up_after=give_up_after)
+        return
+    if err_or_ours == FOREIGN:
+        store.comment_result(job_id, field, ok=True, error=FOREIGN, final="skipped")
         return
     # The exact part written is what a later write or verify recognises as ours. sqlite-utils
     # adds the column to stores created before it existed (alter=True); a concurrent analyser
     # may have added it a moment ago, then the plain update does.
     try:
-        store.db["comments"].update(job_id, {"written": err_or_ours}, alter=True)
+        store.db["comments"].update((job_id, field), {"written": err_or_ours}, alter=True)
     except sqlite3.OperationalError:
-        store.db["comments"].update(job_id, {"written": err_or_ours})
-    store.comment_result(job_id, ok=True)
+        store.db["comments"].update((job_id, field), {"written": err_or_ours})
+    store.comment_result(job_id, field, ok=True)
 
 
 def retry_pending(slurm: SlurmAccess, store: Store, give_up_after: int = 50,
                   max_len: int = 400) -> tuple[int, int]:
     """Retry every queued comment; (written, still pending)."""
-    ids = [r["job_id"] for r in store.pending_comments()]
+    ids = list(dict.fromkeys(r["job_id"] for r in store.pending_comments()))
     done = write_many(slurm, store, ids, give_up_after, max_len)
     ok = sum(1 for v in done.values() if v[0])
     return ok, len(ids) - ok
@@ -306,7 +330,7 @@ def verify_recent(slurm: SlurmAccess, store: Store, since_s: float, give_up_afte
             else:
                 # Dropped (slurmctld restart) or changed by someone: write ours again, keeping
                 # whatever user text is there now.
-                store.db["comments"].update(r["job_id"], {"status": "pending"})
+                store.db["comments"].update((r["job_id"], field), {"status": "pending"})
                 again.append(r["job_id"])
         for job_id, (done, _err) in write_many(slurm, store, again, give_up_after, max_len).items():
             out["reapplied" if done else "failed"].append(job_id)

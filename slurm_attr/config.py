@@ -235,6 +235,43 @@ class Live:
 
 
 @dataclass
+class Actions:
+    """What Slurm does after a verdict beyond the drain (issue: closing the loop). Everything is
+    off until the site opts in; the drain breaker ([drain] max_drains ...) covers every action."""
+    # Requeue a batch job (one that allows requeue) that ended on one of these verdict causes or
+    # domains (e.g. ["hardware", "node_failure"]), after its node was drained: it runs again on
+    # healthy nodes. Never for a user or scheduler cause (policy.toml [requeue]). [] = never.
+    requeue_on: list[str] = field(default_factory=list)
+    # At most this many requeues by slurm-attr per job (Slurm's own Restarts count is separate).
+    max_requeues: int = 1
+    # Requeue ahead of the queue where the running Slurm can (25.11's expedited requeue).
+    requeue_expedite: bool = True
+    # Also write the verdict line into the job's AdminComment (admins' field, users cannot change
+    # it) beside [comment] field.
+    admin_comment: bool = False
+    # A symptom whose recovery action is "reboot" (the catalog, or Xid 154's own text):
+    # `scontrol reboot ASAP nextstate=RESUME reason="SATTR: ..."` (needs the site's RebootProgram);
+    # false: drain only. ([drain] reboot, the older key, reboots into DOWN for reset and reboot.)
+    reboot: bool = False
+    # A symptom whose recovery action is "reset": the node is drained, then this command runs on
+    # the controller with %n the node, %g the GPU's PCI address, %r the reason (e.g.
+    # "ssh %n nvidia-smi -r -i %g"); "" = drain only. Exit 0 is recorded as done.
+    reset_command: str = ""
+    action_timeout_s: float = 300.0
+    # `sattr undrain NODE --diag` and auto_undrain run this (%n the node; e.g.
+    # "ssh %n dcgmi diag -r 3") and resume only when it exits 0.
+    diag_command: str = ""
+    diag_timeout_s: float = 3600.0
+    # Resume a node we drained once its diagnostic passes, auto_undrain_after_s after the drain,
+    # at most once per drain, never for a GPU that recurs (its verdict said so).
+    auto_undrain: bool = False
+    auto_undrain_after_s: float = 1800.0
+    # The node Prolog (epilog/prolog) reads kernel events since the node's last job and drains on
+    # a trusted fatal one; false: it returns at once.
+    prolog_gate: bool = True
+
+
+@dataclass
 class Slurm:
     # How slurm-attr talks to Slurm: "auto" uses pyslurm when it is installed and its release
     # line matches the running Slurm (slurm/select.py), else the CLI tools; "cli" or "pyslurm"
@@ -254,6 +291,7 @@ class Config:
     intake: Intake = field(default_factory=Intake)
     live: Live = field(default_factory=Live)
     slurm: Slurm = field(default_factory=Slurm)
+    actions: Actions = field(default_factory=Actions)
     source: str = ""  # the file it was read from, "" for defaults
 
     def to_dict(self) -> dict[str, Any]:
@@ -303,6 +341,11 @@ def from_dict(data: dict[str, Any], source: str = "") -> Config:
         for key, value in values.items():
             if key not in types:
                 raise ConfigError(f"{source or 'config'}: unknown key '{key}' in [{section}]")
+            if str(types[key]) == "list[str]":
+                if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                    raise ConfigError(f"[{section}] {key}: expected a list of strings, got {value!r}")
+                setattr(obj, key, list(value))
+                continue
             want = {"str": str, "int": int, "float": float, "bool": bool}[str(types[key])]
             setattr(obj, key, _coerce(section, key, want, value))
     _validate(cfg)
@@ -354,6 +397,12 @@ def _validate(cfg: Config) -> None:
             or not 0 < lv.collect_timeout_s <= 600 or lv.watcher_mem_bytes < 128 * MiB):
         raise ConfigError("[live] job_cap_bytes, node_cap_bytes, max_sockets, max_watchers and steps_per_watcher "
                           "must be >= 1, collect_timeout_s within 0..600, watcher_mem_bytes >= 128 MiB")
+    act = cfg.actions
+    if act.max_requeues < 0 or act.action_timeout_s <= 0 or act.diag_timeout_s <= 0 or act.auto_undrain_after_s < 0:
+        raise ConfigError("[actions] max_requeues and auto_undrain_after_s must be >= 0, "
+                          "action_timeout_s and diag_timeout_s > 0")
+    if act.auto_undrain and not act.diag_command:
+        raise ConfigError("[actions] auto_undrain needs diag_command (a node resumes only on a passed diagnostic)")
     if cfg.drain.max_drains < 0 or cfg.drain.window_s <= 0:
         raise ConfigError("[drain] max_drains must be >= 0 and window_s > 0")
 

@@ -27,7 +27,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from .breaker import Breaker
 from .config import Config
@@ -97,13 +97,8 @@ def severity(s: Symptom) -> tuple[int, int]:
     return ({"reboot": 2, "reset": 1}.get(s.action, 0), s.priority)
 
 
-def candidates(verdict: Verdict) -> list[tuple[str, str, str]]:
-    """(node, catalog action, reason) for every node this verdict would take out.
-
-    A hardware verdict reached by correlation (an FR or probe culprit rank) drains a
-    culprit node only when that node's own trusted evidence asks for it: untrusted
-    evidence points at nodes, it never drains them.
-    """
+def worst_symptoms(verdict: Verdict) -> dict[str, Symptom]:
+    """Per node, the worst symptom that may drain it (its action and GPU decide the recovery)."""
     hardware = verdict.domain == "hardware"
     best: dict[str, Symptom] = {}
     for s in verdict.symptoms:
@@ -112,6 +107,17 @@ def candidates(verdict: Verdict) -> list[tuple[str, str, str]]:
         cur = best.get(s.node or "")
         if cur is None or severity(s) > severity(cur):
             best[s.node or ""] = s
+    return best
+
+
+def candidates(verdict: Verdict) -> list[tuple[str, str, str]]:
+    """(node, catalog action, reason) for every node this verdict would take out.
+
+    A hardware verdict reached by correlation (an FR or probe culprit rank) drains a
+    culprit node only when that node's own trusted evidence asks for it: untrusted
+    evidence points at nodes, it never drains them.
+    """
+    best = worst_symptoms(verdict)
     out = []
     for node in sorted(best, key=lambda n: (n not in verdict.culprit_nodes, n)):
         s = best[node]
@@ -161,7 +167,37 @@ def apply_policy(cfg: Config, verdict: Verdict, job: dict[str, Any], slurm: Any 
         log.info("job %s: %s %s -> %s", verdict.job_id, act.kind, node,
                  "applied" if act.applied else f"blocked ({act.blocked_by})")
         acts.append(act)
+    if slurm is not None and store is not None and cfg.drain.enabled:
+        acts += _recover(cfg, verdict, acts, ids, slurm, store)
     return acts
+
+
+def _recover(cfg: Config, verdict: Verdict, acts: list[Action], ids: list[str], slurm: Any,
+             store: Any) -> list[Action]:
+    """The recovery action (recovery.py) for each node this job's drain took out: drained now,
+    or already drained by us for this job (the node epilog's fast path got there first)."""
+    from . import recovery
+
+    best = worst_symptoms(verdict)
+    out = []
+    for act in acts:
+        sym = best.get(act.node or "")
+        kind = recovery.wanted(cfg, sym.action) if sym is not None and act.kind == "drain" else ""
+        if not kind or not (act.applied or (act.blocked_by == BLOCK_ALREADY and _drained_for(slurm, act.node, ids))):
+            continue
+        row = recovery.carry_out(cfg, slurm, store, ids[-1], act.node or "", str(sym.gpu or ""), kind, act.reason)
+        try:
+            store.record_recovery(row)
+        except StoreError as err:
+            log.warning("recovery of %s not recorded: %s", act.node, err)
+        out.append(Action(kind=kind, node=act.node, reason=act.reason, applied=bool(row["ok"]),
+                          blocked_by=None if row["ok"] else row["detail"][:200]))
+    return out
+
+
+def _drained_for(slurm: Any, node: str | None, ids: list[str]) -> bool:
+    st, _err = _read_node(slurm, node or "")
+    return st is not None and st.ours and reason_job(st.reason) in ids
 
 
 def _read_node(slurm: Any, node: str) -> tuple[NodeState | None, str | None]:
@@ -247,43 +283,64 @@ class UndrainResult:
 
 
 def undrain(slurm: Any, store: Any, nodes: Iterable[str], why: str, actor: str,
-            settle_s: float = 5.0, poll_s: float = 0.2) -> list[UndrainResult]:
+            settle_s: float = 5.0, poll_s: float = 0.2,
+            check: Callable[[str, NodeState], tuple[bool, str]] | None = None) -> list[UndrainResult]:
     """Resume nodes that we drained, one at a time, judging each by re-reading its state.
 
     A node drained or down for a reason that does not start with ``SATTR:`` is refused;
-    every attempt is recorded with who asked and why.
+    every attempt is recorded with who asked and why. ``check`` (the site's diagnostic,
+    diag.py) runs first for each node we drained and says (passed, what happened): a node
+    that does not pass stays drained.
     """
-    out: list[UndrainResult] = []
-    for node in nodes:
-        st, err = _read_node(slurm, node)
-        if st is None:
-            out.append(UndrainResult(node, False, err or "unknown node"))
-            continue
-        if not st.out_of_service:
-            out.append(UndrainResult(node, True, f"{node} is not drained ({'+'.join(sorted(st.words)).lower()}): nothing to do",
-                                     skipped=True))
-            continue
-        if not st.ours:
-            msg = (f"{node} refused: drained by someone else ({st.describe()}); sattr resumes only nodes whose "
-                   f"reason starts with {PREFIX}. Use scontrol if you mean it.")
-            store.record_undrain(node, "", st.reason, why, actor, ok=False, detail="not our drain")
-            out.append(UndrainResult(node, False, msg))
-            continue
-        try:
-            slurm.resume(node)
-        except SlurmError as err:
-            # rc is not trusted (a list resume fails while resuming some): the re-read decides.
-            log.info("resume %s: %s", node, err)
-        deadline = time.monotonic() + settle_s
-        while True:
-            after, err = _read_node(slurm, node)
-            if after is not None and not after.drained:
-                break
-            if time.monotonic() >= deadline:
-                break
-            time.sleep(poll_s)
-        ok = after is not None and not after.drained
-        detail = "resumed" if ok else (err or f"still {'+'.join(sorted(after.words)).lower() if after else '?'}")
-        store.record_undrain(node, reason_job(st.reason) or "", st.reason, why, actor, ok=ok, detail=detail)
-        out.append(UndrainResult(node, ok, f"{node} resumed (was: {st.reason})" if ok else f"{node}: resume did not take: {detail}"))
-    return out
+    return [_undrain_one(slurm, store, node, why, actor, settle_s, poll_s, check) for node in nodes]
+
+
+def _undrain_one(slurm: Any, store: Any, node: str, why: str, actor: str, settle_s: float, poll_s: float,
+                 check: Callable[[str, NodeState], tuple[bool, str]] | None) -> UndrainResult:
+    st, err = _read_node(slurm, node)
+    if st is None:
+        return UndrainResult(node, False, err or "unknown node")
+    if not st.out_of_service:
+        return UndrainResult(node, True, f"{node} is not drained ({'+'.join(sorted(st.words)).lower()}): nothing to do",
+                             skipped=True)
+    if not st.ours:
+        msg = (f"{node} refused: drained by someone else ({st.describe()}); sattr resumes only nodes whose "
+               f"reason starts with {PREFIX}. Use scontrol if you mean it.")
+        store.record_undrain(node, "", st.reason, why, actor, ok=False, detail="not our drain")
+        return UndrainResult(node, False, msg)
+    job, note = reason_job(st.reason) or "", ""
+    if check is not None:
+        passed, note = check(node, st)
+        if passed:
+            # A diagnostic can take an hour: a drain someone set meanwhile is theirs, left as it is.
+            now, err = _read_node(slurm, node)
+            if now is None or not now.out_of_service or now.reason != st.reason:
+                passed = False
+                note += f"; not resumed: its state changed meanwhile ({err or (now and now.describe())})"
+        if not passed:
+            store.record_undrain(node, job, st.reason, why, actor, ok=False, detail=note)
+            return UndrainResult(node, False, f"{node} stays drained: {note}")
+    ok, detail = _resume(slurm, node, settle_s, poll_s)
+    detail = f"{note}; {detail}" if note else detail
+    store.record_undrain(node, job, st.reason, why, actor, ok=ok, detail=detail)
+    if not ok:
+        return UndrainResult(node, False, f"{node}: resume did not take: {detail}")
+    return UndrainResult(node, True, f"{node} resumed (was: {st.reason})" + (f"; {note}" if note else ""))
+
+
+def _resume(slurm: Any, node: str, settle_s: float, poll_s: float) -> tuple[bool, str]:
+    try:
+        slurm.resume(node)
+    except SlurmError as err:
+        # rc is not trusted (a list resume fails while resuming some): the re-read decides.
+        log.info("resume %s: %s", node, err)
+    deadline = time.monotonic() + settle_s
+    while True:
+        after, err = _read_node(slurm, node)
+        if after is not None and not after.drained:
+            break
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(poll_s)
+    ok = after is not None and not after.drained
+    return ok, "resumed" if ok else (err or f"still {'+'.join(sorted(after.words)).lower() if after else '?'}")

@@ -50,7 +50,8 @@ def _catalog_api() -> tuple[Callable[..., Any], Callable[..., list[Symptom]]]:
     return load_catalog, extract_lines
 
 
-def _open_slurm(cfg: Config) -> Any:
+def open_slurm(cfg: Config) -> Any:
+    """The configured Slurm backend, with the short timeout a node hook needs."""
     from .slurm import default_backend
 
     return default_backend(cfg.paths.slurm_bin, cfg.paths.slurm_conf, timeout=SLURM_TIMEOUT_S, backend=cfg.slurm.backend)
@@ -102,7 +103,28 @@ def _run(cfg: Config, job_id: str, node: str, kernel: "bytes | str", slurm: Any,
     if not data.strip():
         return []
     lines = [(i, safefs.decode(raw).rstrip("\r")) for i, raw in enumerate(data.split(b"\n"), 1) if raw.strip()]
+    fatal, catalog_ms, extract_ms = find_fatal(cfg, job_id, node, rel, lines)
+    if not fatal:
+        log.info("fast path on %s: nothing fatal in %d kernel lines (catalog %.0f ms, match %.0f ms)",
+                 node, len(lines), catalog_ms, extract_ms)
+        return []
 
+    tp = time.monotonic()
+    slurm = slurm if slurm is not None else open_slurm(cfg)
+    acts = decide_all(cfg, local_verdict(job_id, node, fatal), slurm)
+    policy_ms = (time.monotonic() - tp) * 1000
+    for a in acts:
+        log.warning("fast path on %s: %s %s (%s) in %.0f ms [catalog %.0f ms, match %.0f ms, policy %.0f ms]",
+                    node, a.kind, "applied" if a.applied else f"blocked: {a.blocked_by}", a.reason,
+                    (time.monotonic() - t0) * 1000, catalog_ms, extract_ms, policy_ms)
+    return acts
+
+
+def find_fatal(cfg: Config, job_id: str, node: str, rel: str,
+               lines: list[tuple[int, str]]) -> tuple[list[Symptom], float, float]:
+    """(this node's fatal root symptoms among these kernel lines, catalog ms, match ms): the
+    catalog's rules and its job refiners, as the central analysis runs them. Also the node
+    Prolog's gate (gate.py) decides with this, so both paths agree on what is fatal."""
     tc = time.monotonic()
     load_catalog, extract_lines = _catalog_api()
     catalog = load_catalog(cfg.analysis.extra_rules or None)  # the same catalog the central analysis uses
@@ -116,30 +138,23 @@ def _run(cfg: Config, job_id: str, node: str, kernel: "bytes | str", slurm: Any,
 
     refine(symptoms, {"job_id": job_id, "nodes": [node]}, catalog)
     extract_ms = (time.monotonic() - tx) * 1000
-    fatal = fatal_symptoms([s for s in symptoms if s.role == "root"], node)
-    if not fatal:
-        log.info("fast path on %s: nothing fatal in %d kernel lines (catalog %.0f ms, match %.0f ms)",
-                 node, len(lines), catalog_ms, extract_ms)
-        return []
+    return fatal_symptoms([s for s in symptoms if s.role == "root"], node), catalog_ms, extract_ms
 
-    verdict = local_verdict(job_id, node, fatal)
-    tp = time.monotonic()
-    slurm = slurm if slurm is not None else _open_slurm(cfg)
+
+def decide_all(cfg: Config, verdict: Verdict, slurm: Any,
+               reason_of: Callable[[str], str] | None = None) -> list[Action]:
+    """One decision per node this verdict would take out, carried out with the breaker's state
+    read from Slurm. ``reason_of`` rewrites the drain reason (the gate names no finished job)."""
     acts = []
     for cand_node, action, reason in drain.candidates(verdict):
         kind = "reboot" if action in ("reboot", "reset") and cfg.drain.reboot else "drain"
-        act = Action(kind=kind, node=cand_node, reason=reason, applied=False)
+        act = Action(kind=kind, node=cand_node, reason=reason_of(reason) if reason_of else reason, applied=False)
         try:
             _decide(cfg, act, slurm)
         except Exception as err:  # noqa: BLE001 - log and leave it to the central path
             log.exception("fast path decision for %s failed", cand_node)
             act.applied, act.blocked_by = False, f"error: {type(err).__name__}: {err}"[:200]
         acts.append(act)
-    policy_ms = (time.monotonic() - tp) * 1000
-    for a in acts:
-        log.warning("fast path on %s: %s %s (%s) in %.0f ms [catalog %.0f ms, match %.0f ms, policy %.0f ms]",
-                    node, a.kind, "applied" if a.applied else f"blocked: {a.blocked_by}", a.reason,
-                    (time.monotonic() - t0) * 1000, catalog_ms, extract_ms, policy_ms)
     return acts
 
 

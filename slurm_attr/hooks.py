@@ -6,6 +6,10 @@
 ``work``        an analysis worker: drains the intake (pipeline/pool.py).
 ``analyze KEY`` one bundle's analysis outside the pool (its pending record could not be written).
 
+The node Prolog's gate is ``python -m slurm_attr.gate`` (gate.py), kept apart from these: every
+job start waits for it, so it imports only what it needs. The node epilog leaves it a mark of
+how far it read the kernel log (``_mark_read``).
+
 Every path logs and returns 0: a node Epilog that fails drains its node, and
 that must only ever happen on purpose (the fast path drains with its own reason).
 """
@@ -86,6 +90,7 @@ def node_main(env: dict[str, str]) -> int:
             log.exception("node %s: kernel window failed", node)
             win, win_ms = kernel.KernelWindow(b"", "error", f"{type(err).__name__}: {err}"[:300]), 0.0
         acts = _fast_path(cfg, job_id, node, win.text)
+        _mark_read(cfg, node, job_id, win)
         if acts:
             _record_fast(cfg, key, node, acts)
         doc = collect_node(cfg, job, window=win, window_ms=win_ms)
@@ -107,6 +112,19 @@ def _fast_path(cfg: Any, job_id: str, node: str, kernel_text: bytes) -> list[Any
     except ImportError:
         return []
     return fastpath.run(cfg, job_id, node, kernel_text)
+
+
+def _mark_read(cfg: Any, node: str, job_id: str, win: Any) -> None:
+    """Leave when this node's kernel log was read (the window's end): the next job's Prolog gate
+    (gate.py) reads only what came after. A window that was not read leaves the mark as it was."""
+    from .collect import ledger
+
+    if win.status not in ("ok", "truncated") or not win.span:
+        return
+    try:
+        ledger.write_mark(cfg.paths.node_state, node, float(win.span["end_epoch"]), job_id)
+    except (ledger.LedgerError, OSError, KeyError, ValueError) as err:
+        log.warning("node %s: last-read mark for the Prolog gate not written (%s)", node, err)
 
 
 def _record_fast(cfg: Any, key: str, node: str, acts: list[Any]) -> None:

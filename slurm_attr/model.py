@@ -255,6 +255,9 @@ class Verdict:
     actions: list[Action] = field(default_factory=list)
     # Why the cause won, as the reasoning decided it: "gpu.xid_74 on n7 over user_error: ..."
     reasoning: list[str] = field(default_factory=list)
+    # The requeue decision for this attempt (requeue.Decision as a dict), when the site has
+    # requeue on and the job did not succeed; None otherwise (and the key is left out).
+    requeue: dict[str, Any] | None = None
 
     @property
     def domain(self) -> str:
@@ -268,7 +271,7 @@ class Verdict:
 
     def to_dict(self) -> dict[str, Any]:
         """The verdict contract (DESIGN.md §4). Extra keys may only be added."""
-        return {
+        out = {
             "job_id": self.job_id,
             "cause": self.cause,
             "domain": self.domain,
@@ -285,6 +288,9 @@ class Verdict:
             "actions": [a.to_dict() for a in self.actions],
             "reasoning": list(self.reasoning),
         }
+        if self.requeue is not None:
+            out["requeue"] = dict(self.requeue)
+        return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Verdict":
@@ -302,4 +308,5 @@ class Verdict:
             coverage=[Coverage(**c) for c in d.get("coverage") or []],
             actions=[Action(**a) for a in d.get("actions") or []],
             reasoning=[str(r) for r in d.get("reasoning") or []],
+            requeue=dict(d["requeue"]) if isinstance(d.get("requeue"), dict) else None,
         )

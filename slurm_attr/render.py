@@ -217,9 +217,31 @@ def _actions_block(v: Verdict) -> list[str]:
     return lines
 
 
+def _requeue_lines(v: Verdict) -> list[str]:
+    """The requeue decision (requeue.py), one line: "requeued as attempt 2; n7 excluded", why not,
+    or which earlier attempt slurm-attr requeued this job after."""
+    from .requeue import Decision
+
+    r = v.requeue
+    if not r:
+        return []
+    parts = []
+    for e in r.get("after") or []:
+        gone = ", ".join(e.get("excluded") or [])
+        parts.append(f"attempt {r.get('attempt')}: slurm-attr requeued the job after attempt {e.get('attempt')} "
+                     f"({e.get('cause')}{'; ' + gone + ' excluded' if gone else ''})")
+    if "requeued" in r:
+        parts.append(Decision.from_dict(r).line())
+    return ["", "Requeue: " + "; ".join(parts)] if parts else []
+
+
 def _drain_notes(v: Verdict) -> list[str]:
     out: list[str] = []
-    taken = [a for a in v.actions if a.kind in ("drain", "reboot") and a.node]
+    # A drain decision of kind reboot is [drain] reboot's (nextstate DOWN); a reboot or reset
+    # after a drain of the same node is the recovery action (recovery.py).
+    drained_first = {a.node for a in v.actions if a.kind == "drain"}
+    recovered = {a.node: a for a in v.actions if a.kind in ("reboot", "reset") and a.node in drained_first}
+    taken = [a for a in v.actions if a.kind in ("drain", "reboot") and a.node and recovered.get(a.node) is not a]
     drained = [a.node for a in taken if a.applied or a.blocked_by == "already drained"]
     rebooting = [a.node for a in taken if a.applied and a.kind == "reboot"]
     if drained:
@@ -228,6 +250,13 @@ def _drain_notes(v: Verdict) -> list[str]:
         first = drained[0]
         out.append(f"{nodes} {what}; run the GPU/host diagnostic (e.g. dcgmi diag -r 3) before resuming it: "
                    f"`sattr undrain {first} --reason \"...\"`.")
+    for node, a in recovered.items():
+        if a.kind == "reboot":
+            out.append(f"{node}: reboot requested (the driver asks for it); Slurm resumes the node when it is back"
+                       if a.applied else f"{node}: reboot not requested ({a.blocked_by}).")
+        else:
+            out.append(f"{node}: the site's GPU reset ran" if a.applied else f"{node}: GPU reset failed or not run "
+                       f"({jobtext.line(a.blocked_by or '')[:120]}); the node stays drained.")
     for a in taken:
         if a.applied or a.blocked_by == "already drained":
             continue
@@ -253,7 +282,9 @@ def notes(v: Verdict, job: dict[str, Any]) -> list[str]:
     fields = root.fields if root is not None and isinstance(root.fields, dict) else {}
     ranks = _and([str(r) for r in v.culprit_ranks])
     rank_word = "Rank" if len(v.culprit_ranks) == 1 else "Ranks"
-    if v.domain == "hardware":
+    if v.domain == "hardware" and (v.requeue or {}).get("requeued"):
+        out.append("No need to resubmit: slurm-attr requeued the job; it runs again without the broken node.")
+    elif v.domain == "hardware":
         out.append("Resubmit: the failure is not in the program" + (", and the broken node is out of service."
                                                                       if any(a.applied for a in v.actions) else "."))
     elif v.cause == "collective_mismatch":
@@ -310,6 +341,7 @@ def verdict_text(v: Verdict, job: dict[str, Any] | None = None, color: bool = Fa
     lines += _claims_block(v)
     lines += _coverage_block(v)
     lines += _actions_block(v)
+    lines += _requeue_lines(v)
     if comment_status and comment_status != "written":
         lines += ["", f"Job comment: {jobtext.line(comment_status)} "
                       "(retried on the next analysis, or `sattr comments --retry`)"]

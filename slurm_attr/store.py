@@ -1,9 +1,9 @@
 """The verdict store: SQLite through sqlite-utils.
 
-Tables: jobs, verdicts, symptoms, evidence, coverage, actions, comments (the
-accounting-comment queue), meta (schema version); since schema 2 also the drain
-circuit breaker: breaker (tripped state), drain_ledger (automatic drains, the
-breaker's count) and undrains (who resumed which node, and why). WAL and a busy timeout: the
+Tables (storeschema.py): jobs, verdicts, symptoms, evidence, coverage, actions, comments (the
+accounting-comment queue), meta (schema version); the drain circuit breaker: breaker (tripped
+state), drain_ledger (automatic drains, the breaker's count) and undrains (who resumed which node,
+and why); closing the loop: requeues, recoveries, diags. WAL and a busy timeout: the
 detached analysers of jobs ending together write at once. The file lives on the controller's
 local disk only (never on a filesystem several hosts write); a writer holding it longer than
 the busy timeout makes calls fail with "database is locked", which callers retry (intake). Re-analysis of a job
@@ -23,8 +23,8 @@ import sqlite_utils
 
 from .errors import NotFound, StoreError
 from .model import Action, Verdict
+from .storeschema import MIGRATIONS, SCHEMA_VERSION
 
-SCHEMA_VERSION = 2
 BUSY_TIMEOUT_MS = 10_000
 
 
@@ -34,70 +34,6 @@ def _now() -> float:
 
 def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="seconds")
-
-
-# Each migration takes the schema from version i to i+1; index 0 creates version 1.
-def _m1(db: sqlite_utils.Database) -> None:
-    db["jobs"].create({
-        "job_id": str, "slurm_job_id": str, "bundle_key": str, "user": str, "uid": int, "partition": str,
-        "nodes": str, "state": str, "exit_code": int, "signal": int, "start_time": str, "end_time": str,
-        "bundle_path": str, "updated_at": float,
-    }, pk="job_id", if_not_exists=True)
-    db["verdicts"].create({
-        "job_id": str, "cause": str, "domain": str, "summary": str, "ambiguous": int,
-        "culprit_nodes": str, "culprit_ranks": str, "culprit_gpus": str, "verdict_json": str,
-        "analyzed_at": float, "analysis_ms": float,
-    }, pk="job_id", if_not_exists=True)
-    db["symptoms"].create({
-        "id": int, "job_id": str, "rule_id": str, "cause": str, "role": str, "priority": int,
-        "trusted": int, "node": str, "rank": int, "gpu": str, "time": str, "action": str,
-        "summary": str, "fields_json": str, "seen_at": float,
-    }, pk="id", if_not_exists=True)
-    db["evidence"].create({
-        "id": int, "symptom_id": int, "job_id": str, "source": str, "path": str, "line": int, "text": str,
-    }, pk="id", if_not_exists=True)
-    db["coverage"].create({
-        "id": int, "job_id": str, "source": str, "node": str, "status": str, "detail": str,
-    }, pk="id", if_not_exists=True)
-    db["actions"].create({
-        "id": int, "job_id": str, "kind": str, "node": str, "reason": str, "applied": int,
-        "blocked_by": str, "decided_at": float, "path": str, "actor": str,
-    }, pk="id", if_not_exists=True)
-    db["comments"].create({
-        "job_id": str, "slurm_job_id": str, "field": str, "text": str, "status": str, "attempts": int,
-        "last_error": str, "updated_at": float,
-    }, pk="job_id", if_not_exists=True)
-    db["symptoms"].create_index(["node", "gpu", "rule_id"], if_not_exists=True)
-    db["symptoms"].create_index(["job_id"], if_not_exists=True)
-    db["evidence"].create_index(["job_id"], if_not_exists=True)
-    db["coverage"].create_index(["job_id"], if_not_exists=True)
-    db["actions"].create_index(["job_id"], if_not_exists=True)
-    db["actions"].create_index(["decided_at"], if_not_exists=True)
-
-
-def _m2(db: sqlite_utils.Database) -> None:
-    # The circuit breaker (drain.py, breaker.py): one row per breaker name.
-    db["breaker"].create({
-        "name": str, "tripped": int, "tripped_at": float, "why": str, "reset_at": float, "reset_by": str,
-        "reset_why": str,
-    }, pk="name", if_not_exists=True)
-    # Every automatic drain or reboot claimed or carried out: what the breaker counts. A claim is
-    # written before scontrol runs, in one transaction with the count, so concurrent analysers
-    # cannot both take the last slot; status claimed -> applied, or released when Slurm refused.
-    db["drain_ledger"].create({
-        "id": int, "node": str, "job_id": str, "kind": str, "path": str, "partitions": str, "reason": str,
-        "at": float, "status": str,
-    }, pk="id", if_not_exists=True)
-    db["undrains"].create({
-        "id": int, "node": str, "job_id": str, "drain_reason": str, "why": str, "actor": str, "at": float,
-        "ok": int, "detail": str,
-    }, pk="id", if_not_exists=True)
-    db["drain_ledger"].create_index(["at"], if_not_exists=True)
-    db["drain_ledger"].create_index(["node", "job_id"], if_not_exists=True)
-    db["undrains"].create_index(["at"], if_not_exists=True)
-
-
-MIGRATIONS = [_m1, _m2]
 
 
 def is_locked(err: BaseException) -> bool:
@@ -355,24 +291,77 @@ class Store:
         sql += " order by at desc, id desc limit ?"; args.append(limit)
         return [dict(r) for r in self.db.query(sql, args)]
 
+    # -- closing the loop: requeues, recovery actions, diagnostics (actions.py) --------------
+    def record_requeue(self, row: dict[str, Any]) -> None:
+        with self.db.conn:
+            self.db["requeues"].insert({**row, "at": row.get("at") or _now()})
+
+    def requeues(self, slurm_job_id: str | None = None, since: float | None = None) -> list[dict[str, Any]]:
+        sql, args = "select * from requeues where 1", []
+        if slurm_job_id is not None:
+            sql += " and slurm_job_id = ?"; args.append(slurm_job_id)
+        if since is not None:
+            sql += " and at >= ?"; args.append(since)
+        return [dict(r) for r in self.db.query(sql + " order by at, id", args)]
+
+    def record_recovery(self, row: dict[str, Any]) -> None:
+        with self.db.conn:
+            self.db["recoveries"].insert({**row, "at": row.get("at") or _now()})
+
+    def recoveries(self, job_id: str | None = None, since: float | None = None) -> list[dict[str, Any]]:
+        sql, args = "select * from recoveries where 1", []
+        if job_id is not None:
+            sql += " and job_id = ?"; args.append(job_id)
+        if since is not None:
+            sql += " and at >= ?"; args.append(since)
+        return [dict(r) for r in self.db.query(sql + " order by at, id", args)]
+
+    def record_diag(self, row: dict[str, Any]) -> None:
+        with self.db.conn:
+            self.db["diags"].insert({**row, "at": row.get("at") or _now()})
+
+    def diags(self, node: str | None = None, since: float | None = None) -> list[dict[str, Any]]:
+        sql, args = "select * from diags where 1", []
+        if node is not None:
+            sql += " and node = ?"; args.append(node)
+        if since is not None:
+            sql += " and at >= ?"; args.append(since)
+        return [dict(r) for r in self.db.query(sql + " order by at, id", args)]
+
     # -- the accounting-comment queue ----------------------------------------------------
     def queue_comment(self, job_id: str, slurm_job_id: str, field: str, text: str) -> None:
-        self.db["comments"].upsert({"job_id": job_id, "slurm_job_id": slurm_job_id, "field": field, "text": text, "status": "pending",
-                                    "attempts": 0, "last_error": "", "updated_at": _now()}, pk="job_id")
+        self.db["comments"].upsert({"job_id": job_id, "slurm_job_id": slurm_job_id, "field": field, "text": text,
+                                    "status": "pending", "attempts": 0, "last_error": "", "updated_at": _now()},
+                                   pk=("job_id", "field"))
 
-    def comment_result(self, job_id: str, ok: bool, error: str = "", give_up_after: int = 50) -> None:
-        rows = list(self.db.query("select attempts from comments where job_id = ?", [job_id]))
-        if not rows:
+    def comment_result(self, job_id: str, field: str, ok: bool, error: str = "", give_up_after: int = 50,
+                       final: str = "written") -> None:
+        """ok: the entry ends ``final`` (written, or skipped: comment.FOREIGN); not ok: pending
+        again, or failed after give_up_after attempts."""
+        row = self.comment(job_id, field)
+        if row is None:
             return  # dequeued meanwhile (a re-analysis replaced it)
-        row = rows[0]
         attempts = int(row.get("attempts") or 0) + 1
-        status = "written" if ok else ("failed" if attempts >= give_up_after else "pending")
-        self.db["comments"].update(job_id, {"status": status, "attempts": attempts, "last_error": error[:500],
-                                            "updated_at": _now()})
+        status = final if ok else ("failed" if attempts >= give_up_after else "pending")
+        self.db["comments"].update((job_id, field), {"status": status, "attempts": attempts,
+                                                     "last_error": error[:500], "updated_at": _now()})
 
-    def comment(self, job_id: str) -> dict[str, Any] | None:
-        rows = list(self.db.query("select * from comments where job_id = ?", [job_id]))
+    def comment(self, job_id: str, field: str = "Comment") -> dict[str, Any] | None:
+        rows = list(self.db.query("select * from comments where job_id = ? and field = ?", [job_id, field]))
         return dict(rows[0]) if rows else None
+
+    def job_comments(self, job_id: str) -> list[dict[str, Any]]:
+        """Every queued or written field of one job (Comment first)."""
+        return [dict(r) for r in self.db.query(
+            "select * from comments where job_id = ? order by field = 'AdminComment', field", [job_id])]
+
+    def comment_status(self, job_id: str) -> str | None:
+        """written when every field of the job is done (written, or skipped where another tool
+        holds the AdminComment); else the first field's status that is not."""
+        rows = self.job_comments(job_id)
+        if not rows:
+            return None
+        return next((r["status"] for r in rows if r["status"] not in ("written", "skipped")), "written")
 
     def pending_comments(self) -> Iterator[dict[str, Any]]:
         yield from (dict(r) for r in self.db.query("select * from comments where status = 'pending' order by updated_at"))

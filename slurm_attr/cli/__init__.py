@@ -21,7 +21,8 @@ COMMANDS = {
     "show": "jobs", "analyze": "jobs", "comments": "jobs",
     "fr": "fr", "report": "fr",
     "rules": "rules",
-    "list": "ops", "nodes": "ops", "drains": "ops", "undrain": "ops", "breaker": "ops", "reanalyze": "ops",
+    "list": "ops", "nodes": "ops", "reanalyze": "ops",
+    "drains": "drains", "undrain": "drains", "breaker": "drains",
     "retry": "pending", "gc": "pending",
     "live": "live",
 }

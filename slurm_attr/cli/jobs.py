@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import click
 
 from .. import drain, jobtext, render
 from ..analysis import run_bundle
 from ..bundle import Bundle
+from ..errors import SattrError
 from . import main
 from .options import echo_json, handle_errors, json_option, load_config, use_color
 
@@ -21,6 +23,25 @@ def why_lines(reasoning: list[str]) -> list[str]:
     if not reasoning:
         return ["", "Why: no decision was needed (one cause, or none in evidence)."]
     return ["", "Why:"] + [f"  - {jobtext.line(r)}" for r in reasoning]
+
+
+def admin_comment_line(cfg: Any, view: Any) -> str:
+    """What accounting's AdminComment holds now, for a job whose verdict went there: read back
+    (one sacct call) rather than taken from the queue, so an admin sees what Slurm shows."""
+    entry = next((c for c in view.comments if c.get("field") == "AdminComment"), None)
+    if entry is None:
+        return ""
+    if entry.get("status") == "skipped":
+        return f"AdminComment: {jobtext.line(entry.get('last_error') or 'skipped')}"
+    from ..slurm import default_backend
+
+    raw = str(entry.get("slurm_job_id") or entry["job_id"])
+    try:
+        now = default_backend(cfg.paths.slurm_bin, cfg.paths.slurm_conf, timeout=5).job_comment(raw, "AdminComment")
+    except SattrError as err:
+        return f"AdminComment: not read from accounting ({jobtext.line(str(err))[:120]}); queue: {entry.get('status')}"
+    return f"AdminComment (accounting): {jobtext.line(now or '(empty)')}" + \
+        ("" if entry.get("status") == "written" else f"  [queue: {entry.get('status')}]")
 
 
 @main.command()
@@ -61,6 +82,9 @@ def show(ctx: click.Context, job_id: str, as_json: bool, why: bool = False) -> N
         echo_json(view.verdict.to_dict())
         return
     click.echo(render.verdict_text(view.verdict, view.job, color=use_color(), comment_status=view.comment_status))
+    admin = admin_comment_line(cfg, view)
+    if admin:
+        click.echo(f"\n{admin}")
     if why:
         click.echo("\n".join(why_lines(view.verdict.reasoning)))
     waiting = pending_line(cfg, job_id)

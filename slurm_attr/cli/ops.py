@@ -1,4 +1,5 @@
-"""Commands for operators: list, nodes, drains, undrain, breaker, reanalyze.
+"""Commands for operators: list, nodes, reanalyze (drains, undrain and the breaker: drains.py),
+and the helpers the operators' commands share (admin check, time spans, tables).
 
 Admins (root, SlurmUser, members of [access] admin_group) see everything. Other
 users may only `sattr list` their own jobs, and only where the verdict database
@@ -17,7 +18,6 @@ from typing import Any
 import click
 
 from .. import access, drain, jobtext
-from ..breaker import Breaker
 from ..errors import NotFound, PermissionDenied, SattrError, SlurmError
 from ..model import domain_of
 from ..slurm import default_backend
@@ -48,30 +48,30 @@ def parse_since(value: str | None, now: float | None = None) -> float | None:
     return dt.timestamp()
 
 
-def _since_option(default: str) -> Any:
+def since_option(default: str) -> Any:
     return click.option("--since", default=default, show_default=True,
                         help="How far back: a span (1d, 12h, 30m, 2w) or an ISO date/time.")
 
 
-def _iso(ts: Any) -> str:
+def iso(ts: Any) -> str:
     if ts in (None, ""):
         return "-"
     return datetime.fromtimestamp(float(ts), timezone.utc).astimezone().strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _color(text: str, domain: str) -> str:
+def colored(text: str, domain: str) -> str:
     """Our colour around ``text``, which is made printable first: the colour is the only escape."""
     text = jobtext.line(text)
     return f"\x1b[{_COLORS.get(domain, '0')}m{text}\x1b[0m" if use_color() else text
 
 
-def _cells(*values: Any) -> list[str]:
+def cells(*values: Any) -> list[str]:
     """A table row from stored fields, each printable: summaries, reasons and errors quote
     what jobs wrote, and the store keeps them as written."""
     return [jobtext.line(v) for v in values]
 
 
-def _actor() -> str:
+def caller_name() -> str:
     uid, name = access.caller()
     sudo = os.environ.get("SUDO_USER")
     return f"{name} (sudo from {sudo})" if uid == 0 and sudo and sudo != name else name
@@ -85,13 +85,13 @@ def require_admin(cfg: Any, command: str) -> None:
                                "see your own job's verdict with `sattr JOBID`")
 
 
-def _open_store(cfg: Any) -> Store:
+def open_store(cfg: Any) -> Store:
     if not os.path.exists(cfg.paths.database):
         raise NotFound(f"no verdict database at {cfg.paths.database} yet: no job has been analysed")
     return Store(cfg.paths.database)
 
 
-def _table(rows: list[list[str]], headers: list[str]) -> str:
+def text_table(rows: list[list[str]], headers: list[str]) -> str:
     """Plain aligned columns; the last column is never padded (summaries, reasons)."""
     if not rows:
         return ""
@@ -112,7 +112,7 @@ def _plain(s: str) -> str:
 
 
 @main.command("list")
-@_since_option("7d")
+@since_option("7d")
 @click.option("--user", "user", help="Only this user's jobs.")
 @click.option("--cause", help="Only this cause word (gpu_hardware, user_error, ...).")
 @click.option("--node", help="Only jobs that ran on this node.")
@@ -148,7 +148,7 @@ def list_jobs(ctx: click.Context, since: str, user: str | None, cause: str | Non
             raise PermissionDenied("the verdict database is readable only by admins here: "
                                    "use `sattr JOBID` for one of your jobs (it reads your copy of its verdict)")
         user = name
-    store = _open_store(cfg)
+    store = open_store(cfg)
     rows = store.jobs(since=parse_since(since), user=user, cause=cause, node=node, limit=limit)
     out = []
     for r in rows:
@@ -156,7 +156,7 @@ def list_jobs(ctx: click.Context, since: str, user: str | None, cause: str | Non
             "job_id": r["job_id"], "user": r.get("user"), "partition": r.get("partition"), "state": r.get("state"),
             "nodes": json.loads(r.get("nodes") or "[]"), "cause": r.get("cause"), "domain": r.get("domain"),
             "culprit_nodes": json.loads(r.get("culprit_nodes") or "[]"), "summary": r.get("summary") or "",
-            "analyzed_at": _iso(r.get("analyzed_at")) if r.get("analyzed_at") else None,
+            "analyzed_at": iso(r.get("analyzed_at")) if r.get("analyzed_at") else None,
         })
     if as_json:
         echo_json(out)
@@ -164,11 +164,11 @@ def list_jobs(ctx: click.Context, since: str, user: str | None, cause: str | Non
     if not out:
         click.echo("no analysed jobs match", err=True)
         return
-    table = [[*_cells(o["job_id"], o["user"] or "-", o["state"] or "-"),
-              _color(o["cause"] or "?", o["domain"] or "unknown"),
-              *_cells(",".join(map(str, o["culprit_nodes"])) or "-", o["analyzed_at"] or "-", o["summary"][:90])]
+    table = [[*cells(o["job_id"], o["user"] or "-", o["state"] or "-"),
+              colored(o["cause"] or "?", o["domain"] or "unknown"),
+              *cells(",".join(map(str, o["culprit_nodes"])) or "-", o["analyzed_at"] or "-", o["summary"][:90])]
              for o in out]
-    click.echo(_table(table, ["JOB", "USER", "STATE", "CAUSE", "CULPRIT", "ANALYSED", "SUMMARY"]))
+    click.echo(text_table(table, ["JOB", "USER", "STATE", "CAUSE", "CULPRIT", "ANALYSED", "SUMMARY"]))
 
 
 def _list_pending(cfg: Any, as_json: bool) -> None:
@@ -177,18 +177,18 @@ def _list_pending(cfg: Any, as_json: bool) -> None:
     require_admin(cfg, "list --pending")
     rows = intake.entries(cfg)
     if as_json:
-        echo_json([{"job_id": d.get("job_id"), "key": d["key"], "since": _iso(d.get("since")),
-                    "attempts": int(d.get("attempts") or 0), "next_try": _iso(d.get("next_try")),
+        echo_json([{"job_id": d.get("job_id"), "key": d["key"], "since": iso(d.get("since")),
+                    "attempts": int(d.get("attempts") or 0), "next_try": iso(d.get("next_try")),
                     "last_error": d.get("last_error") or "", "partial_stored": bool(d.get("partial_stored")),
                     "note": d.get("note") or ""} for d in rows])
         return
     if not rows:
         click.echo("no pending jobs", err=True)
         return
-    table = [_cells(d.get("job_id") or d["key"], _iso(d.get("since")), int(d.get("attempts") or 0),
-                    _iso(d.get("next_try")), "partial" if d.get("partial_stored") else "-",
+    table = [cells(d.get("job_id") or d["key"], iso(d.get("since")), int(d.get("attempts") or 0),
+                    iso(d.get("next_try")), "partial" if d.get("partial_stored") else "-",
                     (d.get("last_error") or "-")[:120]) for d in rows]
-    click.echo(_table(table, ["JOB", "PENDING SINCE", "ATTEMPTS", "NEXT TRY", "STORED", "LAST ERROR"]))
+    click.echo(text_table(table, ["JOB", "PENDING SINCE", "ATTEMPTS", "NEXT TRY", "STORED", "LAST ERROR"]))
 
 
 # -- nodes ------------------------------------------------------------------------------
@@ -253,7 +253,7 @@ def _slurm_nodes(cfg: Any) -> tuple[list[dict[str, Any]] | None, str | None]:
 
 
 @main.command()
-@_since_option("30d")
+@since_option("30d")
 @json_option
 @click.pass_context
 @handle_errors
@@ -268,7 +268,7 @@ def nodes(ctx: click.Context, since: str, as_json: bool) -> None:
     """
     cfg = load_config(ctx)
     require_admin(cfg, "nodes")
-    store = _open_store(cfg)
+    store = open_store(cfg)
     slurm_nodes, err = _slurm_nodes(cfg)
     report = node_report(store, parse_since(since), slurm_nodes)
     if as_json:
@@ -285,185 +285,12 @@ def nodes(ctx: click.Context, since: str, as_json: bool) -> None:
         state = e["state"] or "?"
         if e["reason"]:
             state += f" ({e['reason']})"
-        rows.append(_cells(e["node"], e["jobs"], culprit, f"{e['hardware_symptoms']} in {e['hardware_jobs']} jobs"
+        rows.append(cells(e["node"], e["jobs"], culprit, f"{e['hardware_symptoms']} in {e['hardware_jobs']} jobs"
                            if e["hardware_symptoms"] else "-", "yes" if e["recurring"] else "-", state))
         for g in e["gpus"]:
             syms = ", ".join(f"{r} x{n}" for r, n in g["symptoms"].items())
-            rows.append(_cells(f"  gpu {g['gpu']}", "", "", syms, ", ".join(g["recurring"]) or "-", ""))
-    click.echo(_table(rows, ["NODE", "JOBS", "CULPRIT OF", "HARDWARE SYMPTOMS", "RECURRING", "STATE"]))
-
-
-# -- drains -----------------------------------------------------------------------------
-
-
-def drain_history(store: Store, since: float | None) -> list[dict[str, Any]]:
-    """Every drain decision (applied, blocked, dry-run) and every undrain, newest first."""
-    out: list[dict[str, Any]] = []
-    for a in store.actions(since=since, limit=5000):
-        out.append({"time": a["decided_at"], "event": a["kind"], "node": a["node"], "job_id": a["job_id"],
-                    "applied": bool(a["applied"]), "blocked_by": a["blocked_by"], "path": a["path"],
-                    "actor": a["actor"], "reason": a["reason"]})
-    for u in store.undrains(since=since, limit=5000):
-        out.append({"time": u["at"], "event": "undrain", "node": u["node"], "job_id": u["job_id"] or None,
-                    "applied": bool(u["ok"]), "blocked_by": None if u["ok"] else u["detail"], "path": "manual",
-                    "actor": u["actor"], "reason": u["why"], "drain_reason": u["drain_reason"]})
-    out.sort(key=lambda r: r["time"] or 0, reverse=True)
-    return out
-
-
-@main.command()
-@_since_option("7d")
-@json_option
-@click.pass_context
-@handle_errors
-def drains(ctx: click.Context, since: str, as_json: bool) -> None:
-    """Drain history: every decision (applied, blocked, dry-run) and who undrained what, and why.
-
-    Admins only.
-
-    Example:
-
-        sattr drains --since 1d
-    """
-    cfg = load_config(ctx)
-    require_admin(cfg, "drains")
-    store = _open_store(cfg)
-    hist = drain_history(store, parse_since(since))
-    brk = store.breaker()
-    if as_json:
-        echo_json({"decisions": [dict(h, time=_iso(h["time"])) for h in hist],
-                   "breaker": {"tripped": bool(brk["tripped"]), "why": brk["why"], "tripped_at": _iso(brk["tripped_at"]),
-                               "reset_at": _iso(brk["reset_at"]), "reset_by": brk["reset_by"]}})
-        return
-    if brk["tripped"]:
-        click.echo(_color(f"circuit breaker TRIPPED since {_iso(brk['tripped_at'])}: {brk['why']}", "hardware"))
-        click.echo("  automatic drains are alert-only until `sattr breaker reset`\n")
-    if not hist:
-        click.echo("no drain decisions in that period", err=True)
-        return
-    rows = []
-    for h in hist:
-        result = ("applied" if h["applied"] else f"blocked: {h['blocked_by']}") if h["event"] != "undrain" else \
-            ("resumed" if h["applied"] else f"refused: {h['blocked_by']}")
-        rows.append(_cells(_iso(h["time"]), h["node"] or "-", h["event"], result, h["job_id"] or "-", h["path"] or "-",
-                           h["actor"] or "-", h["reason"] or ""))
-    click.echo(_table(rows, ["TIME", "NODE", "ACTION", "RESULT", "JOB", "PATH", "BY", "REASON / WHY"]))
-
-
-# -- undrain ----------------------------------------------------------------------------
-
-
-@main.command()
-@click.argument("node_names", metavar="NODE...", nargs=-1, required=True)
-@click.option("--reason", required=True, help="Why the node may go back into service (recorded with your name).")
-@click.pass_context
-@handle_errors
-def undrain(ctx: click.Context, node_names: tuple[str, ...], reason: str) -> None:
-    """Resume nodes that sattr drained (reason starting SATTR:), one at a time.
-
-    A node drained or down for any other reason is refused: it is someone else's.
-    Each node's state is re-read after the resume. Who and why go to the store.
-    Exits non-zero when any node was refused or did not resume. Admins only.
-
-    Example:
-
-        sattr undrain n2 --reason "dcgmi diag -r 3 passed, GPU reseated"
-    """
-    cfg = load_config(ctx)
-    require_admin(cfg, "undrain")
-    if not reason.strip():
-        raise click.BadParameter("give a reason", param_hint="--reason")
-    from ..slurm.hostlist import expand
-
-    names: list[str] = []
-    for n in node_names:
-        names.extend(x for x in expand(n) if x not in names)
-    store = Store(cfg.paths.database)
-    slurm = default_backend(cfg.paths.slurm_bin, cfg.paths.slurm_conf, backend=cfg.slurm.backend)
-    results = drain.undrain(slurm, store, names, reason.strip(), _actor())
-    failed = 0
-    for r in results:
-        click.echo(jobtext.line(r.message), err=not r.ok)
-        failed += not r.ok
-    if failed:
-        raise SattrError(f"{failed} of {len(results)} node(s) not resumed")
-
-
-# -- breaker ----------------------------------------------------------------------------
-
-
-@main.group()
-def breaker() -> None:
-    """The drain circuit breaker: status, and reset after a person has looked.
-
-    Example:
-
-        sattr breaker status
-
-        sattr breaker reset --reason "bad driver rolled back"
-    """
-
-
-@breaker.command("status")
-@json_option
-@click.pass_context
-@handle_errors
-def breaker_status(ctx: click.Context, as_json: bool) -> None:
-    """Whether the breaker is tripped, why, and how close the limits are. Admins only.
-
-    Example:
-
-        sattr breaker status --json
-    """
-    cfg = load_config(ctx)
-    require_admin(cfg, "breaker status")
-    store = Store(cfg.paths.database)
-    try:
-        slurm = default_backend(cfg.paths.slurm_bin, cfg.paths.slurm_conf, backend=cfg.slurm.backend)
-    except SattrError:
-        slurm = None
-    st = Breaker(store, cfg.drain).status(slurm)
-    if as_json:
-        echo_json(st)
-        return
-    if st["tripped"]:
-        click.echo(_color("TRIPPED", "hardware") + f" since {_iso(st['tripped_at'])}: {jobtext.line(st['why'])}")
-        click.echo("  automatic drains are recorded as blocked (alert-only) until `sattr breaker reset`")
-    else:
-        by = jobtext.line(st["reset_by"])
-        click.echo(_color("closed", "none") + (f" (last reset {_iso(st['reset_at'])} by {by})" if st["reset_at"] else ""))
-    mode = "disabled" if not st["enabled"] else ("dry-run (records, drains nothing)" if st["dry_run"] else "enforcing")
-    click.echo(f"  mode: {mode}")
-    click.echo(f"  drains in window: {st['drains_in_window']} of {st['max_drains']} per {st['window_s']}s")
-    for p in st["partitions"]:
-        held = jobtext.line(", ".join(p["drained_by_us"]) or "none")
-        click.echo(f"  partition {jobtext.line(p['partition'])}: {len(p['drained_by_us'])} of {p['total']} nodes "
-                   "drained by us "
-                   f"(max {p['allowed']} at {st['max_partition_percent']:g}%): {held}")
-    if st.get("partitions_error"):
-        click.echo(f"  (partition shares unknown: {jobtext.line(st['partitions_error'])})", err=True)
-
-
-@breaker.command("reset")
-@click.option("--reason", default="", help="Why it is safe to drain automatically again (recorded).")
-@click.pass_context
-@handle_errors
-def breaker_reset(ctx: click.Context, reason: str) -> None:
-    """Close the breaker: automatic drains resume; earlier drains stop counting. Admins only.
-
-    Example:
-
-        sattr breaker reset --reason "checked n1-n3, real hardware faults"
-    """
-    cfg = load_config(ctx)
-    require_admin(cfg, "breaker reset")
-    store = Store(cfg.paths.database)
-    was = store.breaker()
-    store.reset_breaker(_actor(), reason)
-    if was["tripped"]:
-        click.echo(f"breaker reset (was tripped since {_iso(was['tripped_at'])}: {jobtext.line(was['why'])})")
-    else:
-        click.echo("breaker was not tripped; the drain window starts afresh")
+            rows.append(cells(f"  gpu {g['gpu']}", "", "", syms, ", ".join(g["recurring"]) or "-", ""))
+    click.echo(text_table(rows, ["NODE", "JOBS", "CULPRIT OF", "HARDWARE SYMPTOMS", "RECURRING", "STATE"]))
 
 
 # -- reanalyze --------------------------------------------------------------------------
@@ -493,7 +320,7 @@ def reanalyze(ctx: click.Context, job_ids: tuple[str, ...], since: str | None, a
     require_admin(cfg, "reanalyze")
     if not job_ids and not since:
         raise click.UsageError("give job ids or --since")
-    store = _open_store(cfg)
+    store = open_store(cfg)
     wanted = list(job_ids)
     if since:
         wanted += [r["job_id"] for r in store.jobs(since=parse_since(since), limit=100_000) if r["job_id"] not in wanted]

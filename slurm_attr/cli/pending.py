@@ -40,6 +40,7 @@ def retry(ctx: click.Context, everything: bool, limit: int, as_json: bool) -> No
 
         sattr retry --all
     """
+    from .. import diag
     from ..pipeline import attempt as retry_mod, reconcile
     from ..slurm import from_config
     from .ops import require_admin
@@ -56,6 +57,7 @@ def retry(ctx: click.Context, everything: bool, limit: int, as_json: bool) -> No
     except Exception as err:  # noqa: BLE001 - the store may be locked right now; the next run does it
         click.echo(f"(drains not reconciled from Slurm: {err})", err=True)
     gc_mod.maybe_collect(cfg)
+    diag.maybe_start_auto(cfg)  # [actions] auto_undrain: a detached run, its diagnostics take their time
     left = intake.entries(cfg)
     if as_json:
         echo_json({"attempted": out, "reconciled_drains": added, "pending": len(left)})

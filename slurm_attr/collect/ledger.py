@@ -62,7 +62,7 @@ class Ledger:
     """The ledger file of one node. Use as a context manager: holds the node's lock."""
 
     def __init__(self, state_dir: str, node: str, now: Optional[float] = None):
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", node):
+        if not node_name_ok(node):
             raise LedgerError(f"bad node name {node!r}")
         self.state_dir = state_dir
         self.node = node
@@ -161,6 +161,88 @@ class Ledger:
         if n:
             self.dirty = True
         return n
+
+
+# The node Prolog's gate (gate.py) reads the kernel log only since the node's last job: each
+# node epilog leaves, beside the ledger, when it read its window (its end), in a one-line file
+# ``lastread.<node>`` ("<epoch> <job_id>"). Small state files of the gate (its keyword cache)
+# live here too, under the same rules as the ledger: root-only directory, no links followed.
+MARK_MAX_BYTES = 256
+STATE_MAX_BYTES = 1 << 20
+
+
+def node_name_ok(node: str) -> bool:
+    return bool(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", node))
+
+
+def read_state_file(state_dir: str, name: str, cap: int = STATE_MAX_BYTES) -> Optional[bytes]:
+    """A root-written file of the node state dir (at most cap bytes), or None when there is none.
+    Raises LedgerError for a file or directory that is not ours (a link, another owner)."""
+    try:
+        dfd = os.open(state_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise LedgerError(f"{state_dir}: {err}") from err
+    try:
+        st = os.fstat(dfd)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise LedgerError(f"{state_dir}: not ours or writable by others")
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            raise LedgerError(f"{name}: {err}") from err
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                raise LedgerError(f"{name}: not a regular file of ours")
+            return os.read(fd, cap)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(dfd)
+
+
+def write_state_file(state_dir: str, name: str, data: bytes) -> None:
+    """Replace a file of the node state dir whole (written beside it, then renamed)."""
+    dfd = _safe_dir(state_dir)
+    try:
+        tmp = f"{name}.tmp{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                     dir_fd=dfd)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    finally:
+        os.close(dfd)
+
+
+def write_mark(state_dir: str, node: str, end: float, job_id: str) -> None:
+    """Record that this node's kernel log was read up to ``end`` (epoch) for job_id.
+    Several epilogs of one node may race: the last writer wins, which can only move the mark
+    back (the gate then reads a little more, and the ledger keeps it from counting twice)."""
+    if not node_name_ok(node):
+        raise LedgerError(f"bad node name {node!r}")
+    job = re.sub(r"[^A-Za-z0-9:._-]", "", job_id)[:64] or "?"
+    write_state_file(state_dir, f"lastread.{node}", f"{end:.3f} {job}\n".encode())
+
+
+def read_mark(state_dir: str, node: str) -> Optional[tuple[float, str]]:
+    """(end epoch, job id) of the last recorded read of this node's kernel log, or None."""
+    if not node_name_ok(node):
+        raise LedgerError(f"bad node name {node!r}")
+    raw = read_state_file(state_dir, f"lastread.{node}", MARK_MAX_BYTES)
+    parts = (raw or b"").decode("ascii", errors="replace").split()
+    try:
+        return (float(parts[0]), parts[1] if len(parts) > 1 else "?") if parts else None
+    except ValueError:
+        return None  # a torn or foreign file: no mark (the gate reads its default look-back)
 
 
 def matched_line_indexes(buf: bytes, extra_rules: Optional[str] = None) -> set[int]:

@@ -252,8 +252,7 @@ def _partial(cfg: Config, key: str, facts: dict[str, Any], bdir: str, store: Any
             reconcile.record_fast(store, v.job_id, fast)
             store.save(job, v, bundle_path=bdir, analysis_ms=0.0)
             if cfg.comment.enabled:
-                store.queue_comment(v.job_id, str(job.get("slurm_job_id") or v.job_id), cfg.comment.field,
-                                    comment.verdict_text(v, cfg.comment.max_len))
+                comment.queue_verdict(cfg, store, v, str(job.get("slurm_job_id") or v.job_id))
     except BaseException as err:  # noqa: BLE001 - then the entry stays pending with both errors
         log.error("job %s: %s; the partial verdict failed too: %s", key, failure, err)
         intake.failed(cfg, key, f"{failure}; partial verdict failed: {type(err).__name__}: {err}")

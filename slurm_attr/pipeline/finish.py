@@ -93,6 +93,7 @@ def finish_job(cfg: Config, slurm: SlurmAccess, store: Store, bundle_dir: str,
         verdict.coverage.append(Coverage(source="spool", status="missing",
                                          detail=f"no bundle at {bundle_dir}: analysed from the job's facts"))
     verdict.actions = drain.apply_policy(cfg, verdict, job, slurm=slurm, store=store, path="central")
+    _requeue(cfg, verdict, job, slurm, store)
     reconcile.record_fast(store, verdict.job_id, fast)
     store.save(job, verdict, bundle_path=bundle_dir if not stand_in else "",
                analysis_ms=(time.monotonic() - t0) * 1000)
@@ -103,9 +104,7 @@ def finish_job(cfg: Config, slurm: SlurmAccess, store: Store, bundle_dir: str,
     _publish_user_copy(cfg, job, verdict)
 
     if cfg.comment.enabled:
-        text = comment.verdict_text(verdict, cfg.comment.max_len)
-        raw = str(job.get("slurm_job_id") or verdict.job_id)
-        store.queue_comment(verdict.job_id, raw, cfg.comment.field, text)
+        comment.queue_verdict(cfg, store, verdict, str(job.get("slurm_job_id") or verdict.job_id))
         if comments_to is not None:
             comments_to.append(verdict.job_id)
         else:
@@ -115,6 +114,14 @@ def finish_job(cfg: Config, slurm: SlurmAccess, store: Store, bundle_dir: str,
     log.info("job %s: %s (%s) in %.0f ms", verdict.job_id, verdict.cause, verdict.summary,
              (time.monotonic() - t0) * 1000)
     return verdict
+
+
+def _requeue(cfg: Config, verdict: Verdict, job: dict[str, Any], slurm: SlurmAccess, store: Store) -> None:
+    """Requeue around the drained node where the site asks for it (requeue.py); the decision
+    goes into the verdict for `sattr JOB`. After the drain: the node is out before the job returns."""
+    from .. import requeue
+
+    verdict.requeue = requeue.for_verdict(cfg, verdict, job, slurm=slurm, store=store)
 
 
 def prepare_job(cfg: Config, slurm: SlurmAccess, bundle_dir: str,
@@ -146,8 +153,8 @@ def sweep_comment_queue(cfg: Config, slurm: SlurmAccess, store: Store, job_id: s
     accounting is down, and a third timeout would only delay the next job."""
     comment.retry_pending(slurm, store, cfg.comment.max_attempts, cfg.comment.max_len)
     try:
-        mine = store.comment(job_id) if job_id else {"status": "written"}
-        if mine is None or mine["status"] != "written":
+        mine = store.comment_status(job_id) if job_id else "written"
+        if mine != "written":
             raise SlurmError("accounting did not take this job's comment")
         comment.verify_recent(slurm, store, VERIFY_WINDOW_S, cfg.comment.max_attempts, cfg.comment.max_len,
                               limit=VERIFY_LIMIT)

@@ -274,7 +274,7 @@ def _flush(cfg: Config, batched: Any, comments: list[str], open_store: Any) -> N
 
 def _after_run(cfg: Config, batched: Any, counts: Counter[str], open_store: Any) -> None:
     """Once per run, not per job: the comment queue and recent comments re-checked, the spool pruned."""
-    from .. import gc
+    from .. import diag, gc
     from .finish import sweep_comment_queue
 
     if counts.get("stored") and cfg.comment.enabled:
@@ -284,6 +284,7 @@ def _after_run(cfg: Config, batched: Any, counts: Counter[str], open_store: Any)
         except Exception as err:  # noqa: BLE001 - the timer's `sattr comments --verify` does it later
             log.warning("comment sweep skipped: %s", err)
     gc.maybe_collect(cfg)
+    diag.maybe_start_auto(cfg)  # [actions] auto_undrain, detached: a diagnostic must not hold this slot
     import resource
 
     use = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]

@@ -31,7 +31,9 @@ _CAUSE_KEYS = frozenset({"domain", "rank", "untrusted", "unconfirmed_path", "cas
                          "earlier_is_alternative", "alternatives", "health", "localised_by"})
 _TOP_KEYS = frozenset({"version", "weak_roots", "no_why", "clean_exit", "clean_exit_unless", "completed",
                        "no_evidence", "hang", "hang_note", "analysers", "clean_exit_alternative", "causes", "cases",
-                       "silent", "suspicions", "drain_beyond_hardware", "restarts"})
+                       "silent", "suspicions", "drain_beyond_hardware", "restarts", "requeue"})
+_REQUEUE_KEYS = frozenset({"never_domains", "out_of_service", "slurm_removes_node", "cases"})
+_REQUEUE_CASE_KEYS = frozenset({"name", "cause", "trusted", "drains", "nodes_down", "expect"})
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,47 @@ class Case:
 
 
 @dataclass(frozen=True)
+class RequeueCase:
+    name: str
+    cause: str
+    trusted: bool
+    drains: tuple[str, ...]
+    nodes_down: bool
+    expect: bool
+
+
+@dataclass(frozen=True)
+class RequeuePolicy:
+    """Which verdicts may send a job round again ([requeue]; slurm_attr/requeue.py carries it out).
+    Without the table nothing qualifies: a requeue is never the default."""
+
+    never_domains: frozenset[str] = frozenset(DOMAINS)
+    # drain outcomes of a culprit node (an Action: "applied", or its blocked_by up to a colon)
+    # that leave it out of service
+    out_of_service: frozenset[str] = frozenset()
+    # causes whose node Slurm itself takes out (DOWN): its state, re-read, decides instead
+    slurm_removes_node: frozenset[str] = frozenset()
+    cases: tuple[RequeueCase, ...] = ()
+
+    def why_not(self, cause: str, domain: str, trusted: bool, drains: Sequence[str], nodes_down: bool = False) -> str:
+        """Why a verdict of ``cause`` may not requeue ("" when it may). ``drains``: the outcome of
+        each culprit node's drain decision; ``nodes_down``: every culprit node is down or drained
+        (re-read), for the causes Slurm takes nodes out for itself."""
+        if domain in self.never_domains:
+            return f"a {domain} cause ({cause}) never requeues"
+        if not trusted:
+            return "the verdict does not rest on trusted evidence"
+        if cause in self.slurm_removes_node:
+            return "" if nodes_down else "the lost node is not out of service"
+        if not drains:
+            return "no culprit node was drained"
+        kept = [d for d in drains if d.split(":")[0] not in self.out_of_service]
+        if kept:
+            return f"a culprit node is still in service ({kept[0]})"
+        return ""
+
+
+@dataclass(frozen=True)
 class Policy:
     causes: Mapping[str, Cause]
     weak_roots: frozenset[str]
@@ -92,6 +135,7 @@ class Policy:
     special: Special
     cases: tuple[Case, ...] = ()
     _groups: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    requeue: RequeuePolicy = field(default_factory=RequeuePolicy)
 
     def cause(self, name: str) -> Cause:
         """The cause's row; a cause the table lacks is the no-evidence cause's."""
@@ -214,7 +258,35 @@ def parse(data: Mapping[str, Any]) -> Policy:
         cases.append(Case(str(case.get("name") or f"case {i}"), tuple(roots), case["expect"]))
     groups = {g: frozenset(n for n, c in causes.items() if g in c.groups) for g in GROUPS}
     return Policy(causes, _names(data.get("weak_roots", []), "weak_roots"),
-                  _names(data.get("no_why", []), "no_why"), _special(data, causes), tuple(cases), groups)
+                  _names(data.get("no_why", []), "no_why"), _special(data, causes), tuple(cases), groups,
+                  _requeue(data.get("requeue"), causes))
+
+
+def _requeue(d: Any, causes: Mapping[str, Cause]) -> RequeuePolicy:
+    """The [requeue] table; absent: nothing ever requeues."""
+    if d is None:
+        return RequeuePolicy()
+    if not isinstance(d, dict):
+        raise _fail("[requeue] must be a table")
+    unknown = set(d) - _REQUEUE_KEYS
+    if unknown:
+        raise _fail(f"[requeue]: unknown key {sorted(unknown)[0]!r}")
+    never = _names(d.get("never_domains", sorted(DOMAINS)), "[requeue] never_domains")
+    if never - DOMAINS:
+        raise _fail(f"[requeue] never_domains: unknown domain {sorted(never - DOMAINS)[0]!r}")
+    removes = _names(d.get("slurm_removes_node", []), "[requeue] slurm_removes_node")
+    if removes - set(causes):
+        raise _fail(f"[requeue] slurm_removes_node: {sorted(removes - set(causes))[0]!r} is no cause here")
+    cases = []
+    for i, c in enumerate(d.get("cases") or []):
+        if not isinstance(c, dict) or set(c) - _REQUEUE_CASE_KEYS or c.get("cause") not in causes \
+                or not isinstance(c.get("expect"), bool):
+            raise _fail(f"[[requeue.cases]] {i}: name, cause (of the table), trusted, drains, nodes_down, "
+                        "expect (true|false)")
+        _names(c.get("drains", []), f"[[requeue.cases]] {i} drains")  # a list of words, in order
+        cases.append(RequeueCase(str(c.get("name") or f"requeue case {i}"), c["cause"], bool(c.get("trusted", True)),
+                                 tuple(c.get("drains", [])), bool(c.get("nodes_down", False)), c["expect"]))
+    return RequeuePolicy(never, _names(d.get("out_of_service", []), "[requeue] out_of_service"), removes, tuple(cases))
 
 
 def _policy_bytes() -> bytes:
@@ -243,4 +315,20 @@ def check_cases(policy: Optional[Policy] = None) -> list[str]:
     """Every case's failure, as a line; [] when all hold."""
     p = policy or load()
     return [f"policy case {c.name!r}: expected {c.expect}, got {got}"
-            for c in p.cases for got in [p.winner(c.roots)] if got != c.expect]
+            for c in p.cases for got in [p.winner(c.roots)] if got != c.expect] + requeue_failures(p)
+
+
+def requeue_verdict(p: Policy, c: RequeueCase) -> tuple[bool, str]:
+    """A [[requeue.cases]] entry judged: (requeues, why not)."""
+    why = p.requeue.why_not(c.cause, p.domain(c.cause), c.trusted, c.drains, c.nodes_down)
+    return not why, why
+
+
+def requeue_failures(p: Policy) -> list[str]:
+    out = []
+    for c in p.requeue.cases:
+        got, why = requeue_verdict(p, c)
+        if got != c.expect:
+            out.append(f"requeue case {c.name!r}: expected {'requeue' if c.expect else 'none'}, got "
+                       f"{'requeue' if got else 'none (' + why + ')'}")
+    return out

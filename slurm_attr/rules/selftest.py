@@ -181,8 +181,14 @@ def run_policy_cases() -> list[Result]:
     from ..reason import policy
 
     p = policy.load()
-    return [Result(f"rules/{policy.FILE}", c.name, got == c.expect, "" if got == c.expect else f"expected {c.expect}, got {got}")
-            for c in p.cases for got in [p.winner(c.roots)]]
+    out = [Result(f"rules/{policy.FILE}", c.name, got == c.expect, "" if got == c.expect else f"expected {c.expect}, got {got}")
+           for c in p.cases for got in [p.winner(c.roots)]]
+    for c in p.requeue.cases:  # [requeue]: which verdicts may send a job round again
+        got, why = policy.requeue_verdict(p, c)
+        out.append(Result(f"rules/{policy.FILE}", c.name, got == c.expect,
+                          "" if got == c.expect else f"expected {'requeue' if c.expect else 'none'}, got "
+                                                     f"{'requeue' if got else 'none: ' + why}"))
+    return out
 
 
 def run_all(catalog: Catalog, fixture_dirs: Iterable[str] = ()) -> list[Result]:

@@ -43,6 +43,14 @@ class SlurmAccess(Protocol):
 
     def reboot(self, node: str, reason: str, nextstate: str = "DOWN") -> None: ...
 
+    def requeue(self, job_id: str, expedite: bool = False) -> None:
+        """Requeue a finished batch job (``scontrol requeue JOBID``; same id, Restarts+1).
+        ``expedite``: the job is one Slurm's own expedited requeue (25.11+, submitted with
+        ``--requeue=expedite``) requeued and held in REQUEUE_HOLD: release it instead."""
+
+    def exclude_nodes(self, job_id: str, nodes: str) -> None:
+        """Set a pending job's ExcNodeList (a comma list; the caller merges any earlier one)."""
+
     def submit_batch(self, command: str, opts: list[str]) -> str:
         """sbatch a one-line command with these options (an offloaded analysis); the job id."""
 

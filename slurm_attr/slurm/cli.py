@@ -133,6 +133,19 @@ class CliSlurm:
                 return rec
         return parse_oneliner(lines[0]) if lines else None
 
+    def requeue(self, job_id: str, expedite: bool = False) -> None:
+        # No Slurm up to 25.11 has a requeue option that expedites: 25.11's expedited requeue is
+        # chosen at submission (--requeue=expedite) and carried out by slurmctld itself; a job it
+        # requeued and held (its epilogs all passed: our fast path drains and exits 0) waits in
+        # REQUEUE_HOLD, and `release` lets it run.
+        if expedite:
+            self.run("scontrol", "release", job_id)
+        else:
+            self.run("scontrol", "requeue", job_id)
+
+    def exclude_nodes(self, job_id: str, nodes: str) -> None:
+        self.run("scontrol", "update", f"JobId={job_id}", f"ExcNodeList={nodes}")
+
     def submit_batch(self, command: str, opts: list[str]) -> str:
         out = self.run("sbatch", "--parsable", *opts, f"--wrap={command}").strip()
         job_id = out.split(";")[0]

@@ -289,6 +289,12 @@ class PyslurmSlurm:
     def submit_batch(self, command: str, opts: list[str]) -> str:
         return self.cli.submit_batch(command, opts)  # sbatch's option handling is the CLI's
 
+    def requeue(self, job_id: str, expedite: bool = False) -> None:
+        self.cli.requeue(job_id, expedite=expedite)  # rare, and judged by re-reading: one path
+
+    def exclude_nodes(self, job_id: str, nodes: str) -> None:
+        self.cli.exclude_nodes(job_id, nodes)
+
     def _db_jobs(self, job_ids: list[str]) -> dict[str, Any]:
         """{asked id: pyslurm.db.Job} for ids accounting knows (A_T: that array task)."""
         base = sorted({int(j.split("_")[0]) for j in job_ids})

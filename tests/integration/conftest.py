@@ -223,15 +223,31 @@ class Cluster:
             atomic_write(path, original)
 
     def wait_running(self, job_id: str, timeout: float = 180) -> None:
-        """Until the job is RUNNING (scheduling on a loaded 2-core machine can take a while)."""
+        """Until the job is RUNNING (scheduling on a loaded 2-core machine can take a while) and its
+        batch host's Prolog has ended: Slurm says RUNNING before the Prolog, and a fatal line a
+        test writes "while the job runs" must not reach the Prolog gate (gate.py) first, which
+        would rightly take it for a failure before the job and requeue it."""
         deadline = time.monotonic() + timeout
         state = ""
         while time.monotonic() < deadline:
             state = self.run(["squeue", "-h", "-j", str(job_id), "-o", "%T"], check=False).stdout.strip()
             if state == "RUNNING":
+                self.wait_prolog(job_id, min(30.0, max(1.0, deadline - time.monotonic())))
                 return
             time.sleep(0.1)
         raise AssertionError(f"job {job_id} did not start (state {state!r})")
+
+    def wait_prolog(self, job_id: str, timeout: float = 30) -> None:
+        """Until a Prolog of this job has ended (the hook wrappers' timing log says so); at once
+        on a cluster without a Prolog, and after ``timeout`` (a job with no step launched yet)."""
+        log = self.base / "log" / "prolog-times.log"
+        if not (self.base / "hooks" / "prolog").exists():
+            return
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if log.exists() and any(ln.startswith(f"{job_id} ") for ln in log.read_text().splitlines()[-2000:]):
+                return
+            time.sleep(0.05)
 
     def wait_idle(self, nodes: list[str], timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout

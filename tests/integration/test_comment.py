@@ -174,7 +174,7 @@ def test_comment_survives_a_slurmctld_restart(cluster):
     assert re.search(r"[1-9]\d* re-applied", proc.stderr), proc.stderr
     assert whole_comment(cluster, job) == before
     con = sqlite3.connect(f"file:{cluster.db_path}?mode=ro", uri=True, timeout=5)
-    assert con.execute("select status from comments where job_id = ?", [job]).fetchone()[0] == "written"
+    assert con.execute("select status from comments where job_id = ? and field = 'Comment'", [job]).fetchone()[0] == "written"
     # Near miss: a second pass finds nothing to re-apply.
     again = cluster.sattr("comments", "--verify", "--since", "10m")
     assert " 0 re-applied" in again.stderr, again.stderr
@@ -216,7 +216,7 @@ def test_each_array_task_keeps_its_own_verdict_in_the_comment(cluster):
     con = sqlite3.connect(f"file:{cluster.db_path}?mode=ro", uri=True, timeout=5)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        rows = con.execute(f"select count(*) from comments where status = 'written' and job_id in "
+        rows = con.execute(f"select count(*) from comments where status = 'written' and field = 'Comment' and job_id in "
                            f"({','.join('?' * len(tasks))})", tasks).fetchone()[0]
         if rows == len(tasks):
             break

@@ -163,7 +163,7 @@ def test_accounting_down_verdict_stored_comment_queued_then_written(cluster):
         con.execute("delete from comments where job_id = ?", [job])
         con.commit()
         cluster.run([py, "-m", "slurm_attr.hooks", "analyze", job], env=env, timeout=300, cwd=str(cluster.base))
-        row = con.execute("select status, attempts from comments where job_id = ?", [job]).fetchone()
+        row = con.execute("select status, attempts from comments where job_id = ? and field = 'Comment'", [job]).fetchone()
         assert row is not None and row[0] == "pending" and row[1] >= 1, row
         assert cluster.verdict(job)["cause"] == "user_error"
         out = cluster.sattr(job).stdout
@@ -173,4 +173,4 @@ def test_accounting_down_verdict_stored_comment_queued_then_written(cluster):
     proc = cluster.sattr("comments", "--retry")
     assert proc.returncode == 0, proc.stderr
     assert "SATTR1: user_error" in cluster.comment(job)
-    assert con.execute("select status from comments where job_id = ?", [job]).fetchone()[0] == "written"
+    assert con.execute("select status from comments where job_id = ? and field = 'Comment'", [job]).fetchone()[0] == "written"

@@ -169,7 +169,7 @@ def test_verify_leaves_old_and_pending_comments_to_their_own_paths():
     acct = FakeAcct({"9": "u", "10": "u"})
     _queue(st, "9")
     assert comment.write(acct, st, "9")[0]
-    st.db["comments"].update("9", {"updated_at": time.time() - 7200})
+    st.db["comments"].update(("9", "Comment"), {"updated_at": time.time() - 7200})
     _queue(st, "10")  # still pending: --retry's job, not --verify's
     acct.comments["9"] = "u"
     got = comment.verify_recent(acct, st, since_s=3600)

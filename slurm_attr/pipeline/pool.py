@@ -6,7 +6,9 @@ worker's from its first instant: a burst of 5,000 hooks starts at most ``workers
 no daemon is needed. A worker drains the intake in batches (one sacct and one node listing per
 batch, the daemon logs read once), each job through ``attempt.process``, at low CPU and I/O
 priority. With nothing left it gives its slot back and looks once more: a hook that found every
-slot taken relies on that look. A killed worker loses nothing: its jobs stay pending (their
+slot taken relies on that look. Before each batch the worker re-reads the site config when its
+file changed: a worker may drain the queue for long, and an admin's change (offload, actions,
+drain limits) applies to the next batch, not to the next worker. A killed worker loses nothing: its jobs stay pending (their
 claim locks die with it) and the next worker, or ``sattr retry``, takes them.
 """
 from __future__ import annotations
@@ -195,7 +197,9 @@ def work(cfg: Config, fd: int, slurm: Any = None, open_store: Any = None) -> Cou
 
     batched = Batched(slurm if slurm is not None else from_config(cfg, timeout=10))
     counts: Counter[str] = Counter()
+    seen = config_stamp(cfg)
     while True:
+        cfg, seen = reloaded(cfg, seen)
         record.ingest(cfg)  # what the C front recorded since the last look
         now = time.time()
         docs = intake.entries(cfg)
@@ -221,6 +225,33 @@ def work(cfg: Config, fd: int, slurm: Any = None, open_store: Any = None) -> Cou
         fd = got
     _after_run(cfg, batched, counts, open_store)
     return counts
+
+
+def config_stamp(cfg: Config) -> tuple[int, int, int] | None:
+    """(inode, size, mtime) of the file the config came from; None for defaults or no file."""
+    try:
+        st = os.stat(cfg.source) if cfg.source else None
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns) if st else None
+
+
+def reloaded(cfg: Config, seen: tuple[int, int, int] | None) -> tuple[Config, tuple[int, int, int] | None]:
+    """The config read again when its file changed since ``seen``; a file that no longer loads
+    keeps the one in use (logged once per change)."""
+    from .. import config as config_mod
+    from ..errors import ConfigError
+
+    now = config_stamp(cfg)
+    if now is None or now == seen:
+        return cfg, seen
+    try:
+        fresh = config_mod.load(cfg.source)
+    except ConfigError as err:
+        log.warning("config changed but does not load (%s); this worker keeps the one it has", err)
+        return cfg, now
+    log.info("config %s changed: re-read for the next batch", cfg.source)
+    return fresh, now
 
 
 def _batch(cfg: Config, batched: Any, todo: list[dict[str, Any]], open_store: Any) -> dict[str, str]:

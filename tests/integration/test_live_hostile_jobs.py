@@ -94,11 +94,15 @@ def test_a_job_filling_the_spool_stays_within_its_nodes_live_budget(cluster):
     assert total <= cap + MiB, (total, cap)  # + the small files: summaries, findings, results
     assert total >= cap - 17 * MiB and frs >= (cap // (16 * MiB)) - 1, (total, frs)  # filled up to it, no further
     dropped = [d for f in found for d in f["dumps"].get("dropped") or []]
-    # a later step's collection pushes out older dumps first, then keeps no more than fits
-    assert any("over this node's live budget for the job" in d for d in dropped), dropped
+    # A later step's collection pushes out older dumps first, then keeps no more than fits. Which
+    # of the two a dump meets depends on how many sockets answered within the collection's
+    # deadline (fewer on a loaded machine: then each collection fits once older dumps are gone):
+    # both are named, and 1 GiB offered against a 128 MiB share cannot all stay.
+    assert dropped, found
     assert all("over this node's live budget for the job" in d or "removed to make room" in d for d in dropped), dropped
     out = cluster.sattr("live", job, check=True).stdout
-    assert "    n1: FR of rank " in out and " not kept: 16777216 bytes over this node's live budget" in out, out
+    assert "    n1: " in out and (" not kept: 16777216 bytes over this node's live budget" in out
+                                  or "removed to make room" in out), out
     # each step's watcher asked only its own step's 16 sockets (they carry no step): the ranks
     # one finding kept are all of one step's block
     for f in found:

@@ -204,3 +204,27 @@ def test_a_job_in_a_short_backoff_is_retried_by_the_worker_that_has_the_slot(cfg
     monkeypatch.setattr(attempt, "process", process)
     counts = pool.work(cfg, pool._take_slot(cfg), slurm=Acct({"51": {"State": "FAILED"}}), open_store=lambda c: None)
     assert calls == ["51", "51"] and counts["stored"] == 1 and intake.entries(cfg) == []
+
+
+def test_a_running_worker_takes_the_changed_config_for_its_next_batch(tmp_path):
+    """An admin's change (here offload) applies to the jobs a running worker takes next; a file
+    that no longer loads keeps the config in use; an unchanged file is not read again."""
+    import os as _os
+
+    from slurm_attr import config as config_mod
+    from slurm_attr.pipeline import pool as pool_mod
+
+    path = tmp_path / "slurm_attr.toml"
+    path.write_text('[analysis]\noffload = "off"\n')
+    cfg = config_mod.load(str(path))
+    seen = pool_mod.config_stamp(cfg)
+    same, seen2 = pool_mod.reloaded(cfg, seen)
+    assert same is cfg and seen2 == seen
+    path.write_text('[analysis]\noffload = "slurm"\n')
+    _os.utime(path, ns=(1, 1))  # a different stamp even within the clock's resolution
+    fresh, seen3 = pool_mod.reloaded(cfg, seen)
+    assert fresh.analysis.offload == "slurm" and seen3 != seen
+    path.write_text("[analysis]\nofload = 1\n")  # a typo: unknown key
+    _os.utime(path, ns=(2, 2))
+    kept, seen4 = pool_mod.reloaded(fresh, seen3)
+    assert kept is fresh and seen4 != seen3

@@ -96,7 +96,9 @@ def reconcile_all(store: Any, slurm: Any) -> int:
 
 
 _XID = re.compile(r"\bxid(\d+)\b")
-_GPU = re.compile(r"\bgpu([0-9A-Za-z:._-]+)\b")
+# drain.reason_for's GPU word: "gpu" + the PCI address without domain 0 ("gpu3b:00"). It starts with
+# a hex digit, so the cause word before it ("gpu_hardware") is never read as a GPU named "_hardware".
+_GPU = re.compile(r"\bgpu([0-9A-Fa-f][0-9A-Fa-f:.]*)(?=\s|$)")
 
 
 def reason_symptoms(bundle_dir: str, fast: list[tuple[Action, str]]) -> list[Symptom]:

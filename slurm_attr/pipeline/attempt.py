@@ -276,5 +276,9 @@ def retry_due(cfg: Config, slurm: Any = None, limit: int = 20, everything: bool 
         if doc["key"] == exclude:
             continue
         slurm = slurm if slurm is not None else _default_slurm(cfg)
-        out[doc["key"]] = process(cfg, doc["key"], slurm=slurm, open_store=open_store, retry_for_s=0)
+        # pending_only: an entry a worker finished since the listing is done. Re-recorded from its
+        # bundle, it was analysed again as a first attempt and its stored verdict lost the note of
+        # the fault it came through (seen: `sattr retry --all` beside a worker after a timeout).
+        out[doc["key"]] = process(cfg, doc["key"], slurm=slurm, open_store=open_store, retry_for_s=0,
+                                  pending_only=True)
     return out

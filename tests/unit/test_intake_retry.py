@@ -286,3 +286,22 @@ def test_accounting_catching_up_without_a_final_state_asks_slurmctld(cfg):
     cfg.intake.max_attempts = 2
     assert attempt.retry_due(cfg, slurm=undecided, everything=True) == {"101": "stored"}
     assert _stored(cfg, "101").cause == "unknown"
+
+
+def test_retry_leaves_alone_an_entry_a_worker_finished_since_its_listing(cfg, monkeypatch):
+    """`sattr retry` lists the pending entries, then takes them one by one; a worker may store one
+    meanwhile. That one is done: not re-recorded from its bundle and analysed again as a first
+    attempt (which replaced the stored verdict, losing its note of the fault it came through)."""
+    _job(cfg, "300")
+    _job(cfg, "301")
+    intake.failed(cfg, "300", "analysis timed out")
+    listed = intake.entries(cfg)
+    assert attempt.process(cfg, "300", slurm=JobSlurm(), pending_only=True) == "stored"  # the worker
+    first = _stored(cfg, "300")
+    assert any(c.source == "intake" and "timed out" in c.detail for c in first.coverage)
+    monkeypatch.setattr(intake, "entries", lambda c: listed)  # retry's listing, taken before
+    got = attempt.retry_due(cfg, slurm=JobSlurm(), everything=True)
+    assert got == {"300": "gone", "301": "stored"}
+    again = _stored(cfg, "300")
+    assert any(c.source == "intake" and "timed out" in c.detail for c in again.coverage)
+    assert intake.load(cfg, "300") is None

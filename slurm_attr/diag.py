@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from . import drain
+from . import drain, turns
 from .config import Config
 from .errors import ConfigError, NotFound, SattrError, SlurmError
 from .slurmstate import NodeState, SlurmView, reason_job
@@ -354,18 +354,9 @@ def maybe_start_auto(cfg: Config, now: float | None = None, spawn: Callable[[lis
     if not cfg.actions.auto_undrain:
         return False
     now = time.time() if now is None else now
-    stamp = os.path.join(cfg.intake.queue_dir, AUTO_STAMP)
     try:
-        if now - os.lstat(stamp).st_mtime < AUTO_EVERY_S:
+        if not turns.take(cfg.intake.queue_dir, AUTO_STAMP, AUTO_EVERY_S, now):
             return False
-    except FileNotFoundError:
-        pass
-    except OSError:
-        return False
-    try:
-        os.makedirs(cfg.intake.queue_dir, mode=0o700, exist_ok=True)
-        os.close(os.open(stamp, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
-        os.utime(stamp, (now, now))
         (spawn or _spawn)([sys.executable, "-m", "slurm_attr.diag"])
     except Exception as err:  # noqa: BLE001 - housekeeping must never cost the caller its own work
         log.error("auto_undrain not started: %s", err)

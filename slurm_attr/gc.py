@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import spool
+from . import spool, turns
 from .pipeline import intake
 from .config import Config
 
@@ -331,18 +331,9 @@ def collect(cfg: Config, dry_run: bool = False, now: float | None = None) -> GcR
 def maybe_collect(cfg: Config, now: float | None = None) -> GcResult | None:
     """Run ``collect`` when the last run is older than AUTO_EVERY_S; never raises."""
     now = time.time() if now is None else now
-    stamp = os.path.join(cfg.intake.queue_dir, STAMP)
     try:
-        if now - os.lstat(stamp).st_mtime < AUTO_EVERY_S:
+        if not turns.take(cfg.intake.queue_dir, STAMP, AUTO_EVERY_S, now):
             return None
-    except FileNotFoundError:
-        pass
-    except OSError:
-        return None
-    try:
-        os.makedirs(cfg.intake.queue_dir, mode=0o700, exist_ok=True)
-        os.close(os.open(stamp, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
-        os.utime(stamp, (now, now))
         res = collect(cfg, now=now)
     except Exception as err:  # noqa: BLE001 - retention must never cost a verdict
         log.error("spool gc failed: %s", err)

@@ -67,7 +67,7 @@ wait_verdict() {
 
 cat > "$WORK/train.sh" <<'EOF'
 #!/bin/bash
-#SBATCH -N2 --nodelist=n1,n2 --job-name=demo-train
+#SBATCH -N2 --nodelist=n1,n2 --job-name=demo-train --gres=gpu:2
 # Rank 1 runs on n2: it reports the CUDA error once the GPU is gone; rank 0 then sees its
 # peer vanish and its watchdog times out.
 srun -l bash -c '
@@ -116,6 +116,12 @@ step "sattr undrain n2   (resumes only nodes slurm-attr drained; the demo leaves
 "$SATTR" undrain n2 --reason "demo finished"
 wait_for "n2 to be idle" 30 sh -c "sinfo -h -n n2 -o %T | grep -qx idle"
 sinfo -N -n n2 -o '%N %T'
+
+step "sattr nodes   (the fleet: culprit of, GPU-hours the failures cost, hardware events, drain state)"
+"$SATTR" nodes --since 1d || true
+FLEET=$WORK/fleet.html
+"$SATTR" report --fleet --since 1d --html "$FLEET" >/dev/null && say "fleet report (HTML, no network needed): $FLEET"
+say "Prometheus metrics: sattr metrics (or the textfile [metrics] textfile; docs/metrics.md)"
 
 if [ "${SATTR_DEMO_FR:-1}" = 0 ]; then
     # `make test-versions` runs the demo in roots whose Python the torch wheel does not fit.

@@ -22,8 +22,11 @@ CLUSTER_PACKAGES=(slurmctld slurmd slurm-client slurmdbd mariadb-server munge li
                   gcc make libc6-dev python3 python3-venv python3-dev
                   util-linux bsdextrautils bsdutils procps iproute2 hostname)
 # What the tests add: chromium renders the HTML report headless; debootstrap builds the
-# trixie/sid roots of `make test-versions`.
-TEST_PACKAGES=(chromium debootstrap)
+# trixie/sid roots of `make test-versions`; prometheus (its promtool checks and unit-tests
+# contrib/prometheus' alert rules) and prometheus-node-exporter (its textfile collector serves the
+# metrics file) run beside the test cluster. Not in CLUSTER_PACKAGES: the versions roots do
+# without them, and testcluster.sh starts them only where they are installed.
+TEST_PACKAGES=(chromium debootstrap prometheus prometheus-node-exporter)
 
 log() { printf 'deps: %s\n' "$*" >&2; }
 
@@ -36,7 +39,8 @@ apt_deps() {  # apt_deps PACKAGE...
     [ "$(id -u)" = 0 ] || { log "missing Debian packages (${need[*]}); run as root"; exit 1; }
     log "installing ${need[*]}"
     local made_policy=0
-    # The postinsts of slurm and mariadb would start daemons; the test cluster starts its own.
+    # The postinsts of slurm, mariadb and prometheus would start daemons; the test cluster
+    # starts its own.
     if [ ! -e /usr/sbin/policy-rc.d ]; then
         printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d; made_policy=1
     fi
@@ -44,6 +48,16 @@ apt_deps() {  # apt_deps PACKAGE...
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
     [ $made_policy = 1 ] && rm -f /usr/sbin/policy-rc.d
+    # policy-rc.d kept them from starting now, but their postinsts enabled them for the next boot:
+    # a site-wide Prometheus on :9090 and node_exporter on :9100 that nothing here uses. Only
+    # what this run installed; an admin's own Prometheus stays as it was.
+    for p in "${need[@]}"; do
+        case $p in
+            prometheus|prometheus-node-exporter)
+                # update-rc.d disables the systemd unit as well, with or without a running systemd
+                update-rc.d "$p" disable >/dev/null 2>&1 || true ;;
+        esac
+    done
     return 0
 }
 

@@ -17,6 +17,11 @@
 #   cluster/testcluster.sh venv     only (re)build the hooks' venv (before `up` in a namespace without PyPI)
 #
 # Idempotent: `up` on a healthy cluster with an unchanged config only checks it.
+#
+# Beside it, where Debian's prometheus and prometheus-node-exporter are installed (cluster/deps.sh
+# apt; not in the versions roots): a node_exporter on 127.0.0.1:19100 serving only the textfile
+# slurm-attr writes ($BASE/metrics/sattr.prom, [metrics] textfile), and a Prometheus on
+# 127.0.0.1:19090 scraping it every 2 s and evaluating contrib/prometheus/sattr.rules.yml.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -28,6 +33,12 @@ PIDS=$BASE/run/started.pids      # "name pid" per line: what we started and may 
 VENV=$BASE/venv
 PY=$VENV/bin/python
 NODE_LAYOUT="mountns-v3"
+# The optional monitoring pair (see the top). Ports apart from a site's own 9090/9100.
+PROM_ADDR=127.0.0.1:19090
+NODEEXP_ADDR=127.0.0.1:19100
+PROM_BIN=$(command -v prometheus || true)
+PROMTOOL=$(command -v promtool || true)
+NODEEXP_BIN=$(command -v prometheus-node-exporter || command -v node_exporter || true)
 
 log() { printf 'testcluster: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
@@ -154,8 +165,9 @@ SQL
 write_config() {
     local host; host=$(hostname -s)
     getent hosts "$host" >/dev/null || echo "127.0.0.1 $host" >> /etc/hosts
-    mkdir -p "$BASE"/{etc,run,log,state,spool,hooks,kernel,evidence,attr,node} "$BASE"/attr/spool
-    chmod 755 "$BASE" "$BASE/evidence"
+    mkdir -p "$BASE"/{etc,run,log,state,spool,hooks,kernel,evidence,attr,node,metrics} "$BASE"/attr/spool
+    # metrics: the textfile directory; node_exporter (a site runs it as its own user) only reads it.
+    chmod 755 "$BASE" "$BASE/evidence" "$BASE/metrics"
     touch "$BASE/node/kernel.log"   # the mount point of each node's own kernel source
     mkdir -p "$BASE/node/state"     # ... and of its node-local state (the attributed-lines ledger)
     for n in "${NODES[@]}"; do
@@ -279,6 +291,11 @@ admin_comment = true
 [live]
 hang_after_s = 5
 interval_s = 0.5
+
+# The fleet view's metrics: rewritten by the controller after the verdicts it stores, served by the
+# cluster's node_exporter (when installed) from the textfile directory.
+[metrics]
+textfile = "$BASE/metrics/sattr.prom"
 EOF
 
     cat > "$BASE/etc/plugstack.conf.new" <<EOF
@@ -343,6 +360,10 @@ AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=127.0.0.1
 AccountingStoragePort=6819
 AccountingStoreFlags=job_comment
+# GPU-hours lost (the fleet view) come from AllocTRES gres/gpu: the pretend nodes have 2 GPUs each
+# (gres.conf: stand-in device files, no GPU exists).
+GresTypes=gpu
+AccountingStorageTRES=gres/gpu
 JobAcctGatherType=jobacct_gather/linux
 JobCompType=jobcomp/none
 PlugStackConfig=$BASE/etc/plugstack.conf
@@ -354,7 +375,7 @@ EpilogSlurmctld=$BASE/hooks/epilog_slurmctld
 PrologEpilogTimeout=60
 RebootProgram=$BASE/hooks/reboot
 ResumeTimeout=60
-NodeName=n[1-4] NodeHostname=$host NodeAddr=127.0.0.1 Port=[17001-17004] CPUs=2 RealMemory=1000 State=UNKNOWN
+NodeName=n[1-4] NodeHostname=$host NodeAddr=127.0.0.1 Port=[17001-17004] CPUs=2 RealMemory=1000 Gres=gpu:2 State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 PartitionName=live Nodes=ALL Default=NO MaxTime=INFINITE State=UP
 EOF
@@ -365,8 +386,47 @@ EOF
     else
         echo '# slurmd before 24.05 needs no cgroup settings for this cluster' > "$BASE/etc/cgroup.conf.new"
     fi
+    # The GPUs of NodeName's Gres=gpu:2. slurmd drops a gres/gpu without File= ("Removing
+    # file-less GPU") and wants character devices there: twins of /dev/null, shared by the pretend
+    # nodes (TaskPlugin=task/none constrains no device; a job only sees CUDA_VISIBLE_DEVICES).
+    mkdir -p "$BASE/gpus"
+    for i in 0 1; do [ -c "$BASE/gpus/nvidia$i" ] || mknod -m 666 "$BASE/gpus/nvidia$i" c 1 3; done
+    echo "NodeName=n[1-4] Name=gpu File=$BASE/gpus/nvidia[0-1]" > "$BASE/etc/gres.conf.new"
+    write_monitoring_config
     # Renamed into place: a concurrent reader (a test, a daemon) never sees a half-written file.
-    for f in "$BASE/etc/slurm_attr.toml" "$BASE/etc/plugstack.conf" "$BASE/etc/slurmdbd.conf" "$BASE/etc/cgroup.conf" "$CONF"; do
+    for f in "$BASE/etc/slurm_attr.toml" "$BASE/etc/plugstack.conf" "$BASE/etc/slurmdbd.conf" "$BASE/etc/cgroup.conf" \
+             "$BASE/etc/gres.conf" "$CONF"; do
+        if cmp -s "$f.new" "$f"; then rm -f "$f.new"; else mv "$f.new" "$f"; fi
+    done
+}
+
+write_monitoring_config() {
+    # Prometheus' config and the repo's alert rules, copied (the checkout may be unreadable to a
+    # daemon, and an edit mid-run must not be half-read). Only where Prometheus is installed.
+    [ -n "$PROM_BIN" ] || return 0
+    cat > "$BASE/etc/prometheus.yml.new" <<EOF
+global:
+  scrape_interval: 2s
+  evaluation_interval: 2s
+rule_files:
+  - $BASE/etc/sattr.rules.yml
+scrape_configs:
+  - job_name: sattr
+    static_configs:
+      - targets: ['$NODEEXP_ADDR']
+EOF
+    # Rules promtool refuses would keep Prometheus from starting, and a dead Prometheus would make
+    # every `up` restart the whole cluster under the tests: a bad edit is reported and not installed
+    # (tests/unit/test_alert_rules.py fails on it).
+    local rules=$REPO/contrib/prometheus/sattr.rules.yml f
+    if [ -z "$PROMTOOL" ] || "$PROMTOOL" check rules "$rules" > "$BASE/log/promtool.log" 2>&1; then
+        cp "$rules" "$BASE/etc/sattr.rules.yml.new"
+    else
+        log "$rules fails promtool check rules (see $BASE/log/promtool.log): Prometheus keeps the rules it had"
+        [ -f "$BASE/etc/sattr.rules.yml" ] || echo 'groups: []' > "$BASE/etc/sattr.rules.yml.new"
+    fi
+    for f in "$BASE/etc/sattr.rules.yml" "$BASE/etc/prometheus.yml"; do
+        [ -e "$f.new" ] || continue   # the rules kept as they were
         if cmp -s "$f.new" "$f"; then rm -f "$f.new"; else mv "$f.new" "$f"; fi
     done
 }
@@ -374,17 +434,39 @@ EOF
 config_hash() {
     # NODE_LAYOUT: how the slurmd are started (their namespaces); a change restarts them.
     { echo "$NODE_LAYOUT"; cat "$CONF" "$BASE/etc/plugstack.conf" "$BASE/etc/slurmdbd.conf" "$BASE/etc/cgroup.conf" \
-        "$BASE/lib/slurm_attr.so" 2>/dev/null || true; } | sha256sum | cut -c1-16
+        "$BASE/etc/gres.conf" "$BASE/lib/slurm_attr.so" 2>/dev/null || true; } | sha256sum | cut -c1-16
 }
 
-all_alive() {
+all_alive() {  # all_alive [slurm]: all we started runs (with "slurm": the Slurm side, not the monitoring)
     [ -s "$PIDS" ] || return 1
-    local name pid n=0
+    local name pid n=0 m
     while read -r name pid; do
+        case $name in
+            *:node_exporter|*:prometheus) [ "${1:-}" = slurm ] && continue ;;
+            *) n=$((n + 1)) ;;
+        esac
         alive "$pid" "${name%%:*}" || return 1
-        n=$((n + 1))
     done < "$PIDS"
-    [ $n -ge 7 ]   # mariadbd, slurmdbd, slurmctld, 4 slurmd (+ munged if we started it)
+    [ $n -ge 7 ] || return 1   # mariadbd, slurmdbd, slurmctld, 4 slurmd (+ munged if we started it)
+    [ "${1:-}" = slurm ] && return 0
+    # ... and each monitoring daemon that is installed is recorded (so runs: checked above).
+    for m in $(monitoring_daemons); do grep -q "^$m " "$PIDS" || return 1; done
+}
+
+monitoring_daemons() {  # "comm:label" of each installed one, as recorded in $PIDS (comm: 15 chars)
+    local b
+    [ -z "$NODEEXP_BIN" ] || { b=$(basename "$NODEEXP_BIN"); echo "${b:0:15}:node_exporter"; }
+    [ -z "$PROM_BIN" ] || { b=$(basename "$PROM_BIN"); echo "${b:0:15}:prometheus"; }
+}
+
+strays() {  # strays PATTERN: pids of our processes (this PID namespace and root) whose command line has it
+    local p me_ns me_root
+    me_ns=$(readlink /proc/self/ns/pid); me_root=$(readlink /proc/self/root)
+    for p in $(pgrep -f -- "$1" 2>/dev/null); do
+        [ "$(readlink "/proc/$p/ns/pid" 2>/dev/null)" = "$me_ns" ] || continue
+        [ "$(readlink "/proc/$p/root" 2>/dev/null)" = "$me_root" ] || continue
+        echo "$p"
+    done
 }
 
 nodes_idle() {
@@ -396,17 +478,16 @@ stop() {
     # Daemons started with our config but not recorded (an interrupted start) are ours too, if
     # they share our PID namespace and root: a test cluster in a debootstrap root (versions.sh)
     # uses the same config path, and the host sees its daemons too.
-    local stray me_ns me_root
-    me_ns=$(readlink /proc/self/ns/pid); me_root=$(readlink /proc/self/root)
-    for stray in $(pgrep -f -- "-f $CONF" 2>/dev/null); do
-        [ "$(readlink "/proc/$stray/ns/pid" 2>/dev/null)" = "$me_ns" ] || continue
-        [ "$(readlink "/proc/$stray/root" 2>/dev/null)" = "$me_root" ] || continue
+    # The monitoring pair is ours by its data paths.
+    local stray
+    for stray in $(strays "-f $CONF") $(strays "--collector.textfile.directory=$BASE/metrics") \
+                 $(strays "--storage.tsdb.path=$BASE/prometheus"); do
         grep -q " $stray\$" "$PIDS" 2>/dev/null || echo "$(cat /proc/$stray/comm 2>/dev/null || echo x) $stray" >> "$PIDS"
     done
     [ -s "$PIDS" ] || return 0
     cancel_all
     local name pid comm
-    # Reverse start order: slurmd, slurmctld, slurmdbd, mariadbd, munged.
+    # Reverse start order: prometheus, node_exporter, slurmd, slurmctld, slurmdbd, mariadbd, munged.
     tac "$PIDS" | while read -r name pid; do
         comm=${name%%:*}
         if alive "$pid" "$comm"; then kill -TERM "$pid" 2>/dev/null || true; fi
@@ -418,7 +499,7 @@ stop() {
         sleep 0.1
     done
     while read -r name pid; do if alive "$pid" "${name%%:*}"; then kill -KILL "$pid" 2>/dev/null || true; fi; done < "$PIDS"
-    rm -f "$PIDS" "$BASE/run/config.hash"
+    rm -f "$PIDS" "$BASE/run/config.hash" "$BASE/run/prometheus.hash"
 }
 
 start() {
@@ -450,6 +531,66 @@ start() {
     done
     for _ in $(seq 200); do sacctmgr -n -P list cluster 2>/dev/null | grep -q '^sattrtest|' && break; sleep 0.1; done
     config_hash > "$BASE/run/config.hash"
+    start_monitoring
+}
+
+monitoring_pid() {  # monitoring_pid LABEL: the recorded, running one's pid; a dead one's line is dropped
+    local name pid
+    while read -r name pid; do
+        [ "${name#*:}" = "$1" ] || continue
+        alive "$pid" "${name%%:*}" && { echo "$pid"; return 0; }
+    done < "$PIDS"
+    sed -i "/^[^ ]*:$1 /d" "$PIDS"
+    return 1
+}
+
+prometheus_hash() {
+    cat "$BASE/etc/prometheus.yml" "$BASE/etc/sattr.rules.yml" 2>/dev/null | sha256sum | cut -c1-16
+}
+
+start_monitoring() {
+    # The installed ones that do not run are started (alone: Slurm and the tests on it go on); a
+    # running Prometheus whose config or rules changed reloads them (SIGHUP), keeping its data.
+    # Neither daemonizes: each runs in a session of its own, its output in the cluster's logs.
+    local pid name
+    if [ -n "$NODEEXP_BIN" ] && ! monitoring_pid node_exporter >/dev/null; then
+        for pid in $(strays "--collector.textfile.directory=$BASE/metrics"); do kill -KILL "$pid" 2>/dev/null || true; done
+        setsid "$NODEEXP_BIN" --web.listen-address="$NODEEXP_ADDR" --collector.disable-defaults --collector.textfile \
+            --collector.textfile.directory="$BASE/metrics" </dev/null >>"$BASE/log/node_exporter.log" 2>&1 9>&- &
+        pid=$!
+        name=$(monitoring_daemons | grep ':node_exporter$')
+        wait_port "$NODEEXP_ADDR" "$pid" "${name%%:*}" || die "node_exporter did not start (see $BASE/log/node_exporter.log)"
+        echo "$name $pid" >> "$PIDS"
+    fi
+    [ -n "$PROM_BIN" ] || return 0
+    if pid=$(monitoring_pid prometheus); then
+        if [ "$(cat "$BASE/run/prometheus.hash" 2>/dev/null)" != "$(prometheus_hash)" ]; then
+            kill -HUP "$pid"
+            prometheus_hash > "$BASE/run/prometheus.hash"
+            log "prometheus: config or rules changed, reloaded"
+        fi
+        return 0
+    fi
+    for pid in $(strays "--storage.tsdb.path=$BASE/prometheus"); do kill -KILL "$pid" 2>/dev/null || true; done
+    mkdir -p "$BASE/prometheus"
+    # A few days of 2 s scrapes of a handful of series: small, and bounded.
+    setsid "$PROM_BIN" --config.file="$BASE/etc/prometheus.yml" --storage.tsdb.path="$BASE/prometheus" \
+        --storage.tsdb.retention.time=3d --web.listen-address="$PROM_ADDR" \
+        </dev/null >>"$BASE/log/prometheus.log" 2>&1 9>&- &
+    pid=$!
+    name=$(monitoring_daemons | grep ':prometheus$')
+    wait_port "$PROM_ADDR" "$pid" "${name%%:*}" || die "prometheus did not start (see $BASE/log/prometheus.log)"
+    echo "$name $pid" >> "$PIDS"
+    prometheus_hash > "$BASE/run/prometheus.hash"
+}
+
+wait_port() {  # wait_port HOST:PORT PID COMM: the port opens while PID still runs COMM (10 s)
+    for _ in $(seq 100); do
+        alive "$2" "$3" || return 1
+        (exec 3<>"/dev/tcp/${1%:*}/${1##*:}") 2>/dev/null && return 0
+        sleep 0.1
+    done
+    return 1
 }
 
 start_slurmd() {  # start_slurmd NODE: slurmd in a mount namespace of its own (see the top)
@@ -509,6 +650,9 @@ up() {
         fi
     done
     write_config
+    # A dead node_exporter or Prometheus (or a changed Prometheus config) on a running cluster:
+    # those alone, before the check below would restart everything for them.
+    if all_alive slurm; then start_monitoring; fi
     if all_alive && [ "$(cat "$BASE/run/config.hash" 2>/dev/null)" = "$(config_hash)" ] && nodes_idle; then
         log "already up"
         return 0
@@ -538,6 +682,6 @@ case ${1:-up} in
     venv) flock 9; install_venv ;;
     down) flock 9; stop; log "down" ;;
     status) all_alive && echo "up" || echo "down"; SLURM_CONF=$CONF sinfo -N -o '%N %T %E' 2>/dev/null || true ;;
-    env) echo "export SLURM_CONF=$CONF SLURM_ATTR_CONFIG=$BASE/etc/slurm_attr.toml SATTR_CLUSTER_BASE=$BASE SATTR_BIN=$VENV/bin/sattr" ;;
+    env) echo "export SLURM_CONF=$CONF SLURM_ATTR_CONFIG=$BASE/etc/slurm_attr.toml SATTR_CLUSTER_BASE=$BASE SATTR_BIN=$VENV/bin/sattr${PROM_BIN:+ SATTR_PROMETHEUS_URL=http://$PROM_ADDR}" ;;
     *) die "usage: $0 up|down|status|env|venv" ;;
 esac

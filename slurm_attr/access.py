@@ -29,6 +29,7 @@ class JobView:
     comment_status: str | None = None
     source: str = "database"  # database | copy (the root-written per-user copy)
     comments: list[dict[str, Any]] = field(default_factory=list)  # the queue's entry per accounting field
+    earlier: list[dict[str, Any]] = field(default_factory=list)  # a requeued job's earlier attempts' verdicts
 
 
 def caller() -> tuple[int, str]:
@@ -84,7 +85,7 @@ def job_view(cfg: Config, job_id: str) -> JobView:
             if not admin:
                 _check_owner(job, uid, name, job_id)
             return JobView(verdict=v, job=job, comment_status=store.comment_status(job_id),
-                           comments=store.job_comments(job_id))
+                           comments=store.job_comments(job_id), earlier=store.earlier_attempts(job_id))
     if admin and os.path.exists(cfg.paths.database):
         raise StoreError(f"cannot read {cfg.paths.database}")
     return _from_user_copy(cfg, job_id, uid, name, admin)

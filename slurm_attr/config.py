@@ -3,13 +3,12 @@
 Default path ``/etc/slurm/slurm_attr.toml``; ``SLURM_ATTR_CONFIG`` overrides it.
 A missing file means all defaults. Each section is a dataclass below; its
 fields, types and defaults are the configuration reference (README renders it
-with ``sattr config --defaults``).
+with ``sattr config --defaults``). What each value may be: configcheck.py.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,12 +18,11 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on older Pythons only
     import tomli as tomllib
 
+from .configcheck import MiB, validate
 from .errors import ConfigError
 
 DEFAULT_PATH = "/etc/slurm/slurm_attr.toml"
 ENV_VAR = "SLURM_ATTR_CONFIG"
-
-MiB = 1 << 20
 
 
 @dataclass
@@ -280,6 +278,19 @@ class Slurm:
 
 
 @dataclass
+class Metrics:
+    """The fleet view's Prometheus metrics (docs/metrics.md)."""
+    # node_exporter textfile the controller's analysis worker rewrites (atomically) after the
+    # verdicts it stores, e.g. /var/lib/prometheus/node-exporter/sattr.prom; "" = not written.
+    textfile: str = ""
+    # The `cluster` label; "" = slurm.conf's ClusterName.
+    cluster: str = ""
+    # A node is a lemon (fleet report; the alert rule has its own threshold) at this many
+    # hardware verdicts naming it in 7 days.
+    lemon_verdicts: int = 3
+
+
+@dataclass
 class Config:
     paths: Paths = field(default_factory=Paths)
     collect: Collect = field(default_factory=Collect)
@@ -292,30 +303,13 @@ class Config:
     live: Live = field(default_factory=Live)
     slurm: Slurm = field(default_factory=Slurm)
     actions: Actions = field(default_factory=Actions)
+    metrics: Metrics = field(default_factory=Metrics)
     source: str = ""  # the file it was read from, "" for defaults
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d.pop("source", None)
         return d
-
-
-_KERNEL_SOURCES = ("journalctl", "dmesg", "file")
-_COMMENT_FIELDS = ("Comment", "AdminComment")
-_SLURM_BACKENDS = ("auto", "cli", "pyslurm")
-_ON_HANG = ("record", "dump", "cancel")
-_RAS = ("auto", "off")
-
-
-def host_port(addr: str) -> tuple[str, int]:
-    """``host:port`` or ``[v6]:port``, as NCCL_RAS_ADDR is written; ValueError when not."""
-    m = re.fullmatch(r"\[([0-9A-Fa-f:.]{2,45})\]:(\d{1,5})|([A-Za-z0-9._-]{1,253}):(\d{1,5})", addr or "")
-    if not m:
-        raise ValueError(f"not host:port: {addr!r}")
-    host, port = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
-    if not 0 < int(port) < 65536:
-        raise ValueError(f"port out of range: {addr!r}")
-    return host, int(port)
 
 
 def _coerce(section: str, key: str, want: type, value: Any) -> Any:
@@ -348,63 +342,8 @@ def from_dict(data: dict[str, Any], source: str = "") -> Config:
                 continue
             want = {"str": str, "int": int, "float": float, "bool": bool}[str(types[key])]
             setattr(obj, key, _coerce(section, key, want, value))
-    _validate(cfg)
+    validate(cfg)
     return cfg
-
-
-def _validate(cfg: Config) -> None:
-    if cfg.collect.kernel_source not in _KERNEL_SOURCES:
-        raise ConfigError(f"[collect] kernel_source: must be one of {', '.join(_KERNEL_SOURCES)}, got {cfg.collect.kernel_source!r}")
-    if cfg.collect.kernel_source == "file" and not cfg.collect.kernel_file:
-        raise ConfigError("[collect] kernel_file: required when kernel_source = \"file\"")
-    if cfg.comment.field not in _COMMENT_FIELDS:
-        raise ConfigError(f"[comment] field: must be Comment or AdminComment, got {cfg.comment.field!r}")
-    if cfg.slurm.backend not in _SLURM_BACKENDS:
-        raise ConfigError(f"[slurm] backend: must be one of {', '.join(_SLURM_BACKENDS)}, got {cfg.slurm.backend!r}")
-    if cfg.collect.time_budget_s <= 0:
-        raise ConfigError("[collect] time_budget_s: must be positive")
-    if not 0 <= cfg.drain.max_partition_percent <= 100:
-        raise ConfigError("[drain] max_partition_percent: must be between 0 and 100")
-    if cfg.spool.keep_days < 0 or cfg.spool.max_bytes < 0:
-        raise ConfigError("[spool] keep_days and max_bytes must be >= 0")
-    if cfg.collect.job_cap_bytes <= 0:
-        raise ConfigError("[collect] job_cap_bytes: must be positive")
-    if cfg.analysis.offload not in ("off", "slurm") or cfg.analysis.offload_min_nodes < 1 \
-            or cfg.analysis.offload_min_bytes < 1 or cfg.analysis.offload_time_s < 60:
-        raise ConfigError("[analysis] offload must be \"off\" or \"slurm\", offload_min_nodes and "
-                          "offload_min_bytes >= 1, offload_time_s >= 60")
-    if not 0 <= cfg.analysis.yield_pressure <= 100 or cfg.analysis.yield_max_s < 0:
-        raise ConfigError("[analysis] yield_pressure must be within 0..100 and yield_max_s >= 0")
-    if not 0 <= cfg.analysis.workers <= 64:
-        raise ConfigError(f"[analysis] workers: must be within 0..64 (0: a quarter of the cores), got {cfg.analysis.workers!r}")
-    if cfg.live.hang_after_s <= 0 or not 0.05 <= cfg.live.interval_s <= 60:
-        raise ConfigError("[live] hang_after_s must be > 0 and interval_s within 0.05..60")
-    if cfg.live.on_hang not in _ON_HANG or cfg.live.dump_before_end_s < 0:
-        raise ConfigError(f"[live] on_hang must be one of {', '.join(_ON_HANG)} and dump_before_end_s >= 0")
-    lv = cfg.live
-    if lv.ras not in _RAS or not 0 < lv.ras_timeout_s <= 60:
-        raise ConfigError(f"[live] ras must be one of {', '.join(_RAS)} and ras_timeout_s within 0..60, "
-                          f"got {lv.ras!r}, {lv.ras_timeout_s!r}")
-    try:
-        host_port(lv.ras_addr)
-    except ValueError as err:
-        raise ConfigError(f"[live] ras_addr: {err} (NCCL_RAS_ADDR's form, e.g. localhost:28028)") from err
-    if (min(lv.slow_window, lv.slow_min_samples, lv.link_min_pairs, lv.link_min_samples, lv.phase_window) < 1
-            or not 0 < lv.straggler_share <= 1 or lv.phase_factor <= 1 or lv.link_outlier_ratio <= 1):
-        raise ConfigError("[live] slow_*/link_*/phase_* counts must be >= 1, straggler_share within 0..1, "
-                          "phase_factor and link_outlier_ratio > 1")
-    if (min(lv.job_cap_bytes, lv.node_cap_bytes, lv.max_sockets, lv.max_watchers, lv.steps_per_watcher) < 1
-            or not 0 < lv.collect_timeout_s <= 600 or lv.watcher_mem_bytes < 128 * MiB):
-        raise ConfigError("[live] job_cap_bytes, node_cap_bytes, max_sockets, max_watchers and steps_per_watcher "
-                          "must be >= 1, collect_timeout_s within 0..600, watcher_mem_bytes >= 128 MiB")
-    act = cfg.actions
-    if act.max_requeues < 0 or act.action_timeout_s <= 0 or act.diag_timeout_s <= 0 or act.auto_undrain_after_s < 0:
-        raise ConfigError("[actions] max_requeues and auto_undrain_after_s must be >= 0, "
-                          "action_timeout_s and diag_timeout_s > 0")
-    if act.auto_undrain and not act.diag_command:
-        raise ConfigError("[actions] auto_undrain needs diag_command (a node resumes only on a passed diagnostic)")
-    if cfg.drain.max_drains < 0 or cfg.drain.window_s <= 0:
-        raise ConfigError("[drain] max_drains must be >= 0 and window_s > 0")
 
 
 def config_path() -> str:

@@ -77,15 +77,10 @@ def check(cfg: Config, node: str, job_id: str, now: Optional[float] = None, slur
 
 def spool_dir(cfg: Config, node: str) -> str:
     """slurmd's SlurmdSpoolDir for this node, from slurm.conf (read bounded; Slurm's default)."""
-    import re
+    from .slurm.conf import conf_value
 
-    try:
-        with open(cfg.paths.slurm_conf, "rb") as f:
-            text = f.read(1 << 20).decode("utf-8", "replace")
-    except OSError:
-        text = ""
-    m = re.search(r"(?mi)^\s*SlurmdSpoolDir\s*=\s*(\S+)", text)
-    return (m.group(1) if m else "/var/spool/slurmd").replace("%n", node).replace("%h", os.uname().nodename)
+    spool = conf_value(cfg.paths.slurm_conf, "SlurmdSpoolDir", "/var/spool/slurmd")
+    return spool.replace("%n", node).replace("%h", os.uname().nodename)
 
 
 def running_jobs(cfg: Config, node: str, job_id: str) -> list[str]:

@@ -15,7 +15,6 @@ import json
 import os
 import sqlite3
 import time
-from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any, Iterable, Iterator
 
@@ -23,7 +22,8 @@ import sqlite_utils
 
 from .errors import NotFound, StoreError
 from .model import Action, Verdict
-from .storeschema import MIGRATIONS, SCHEMA_VERSION
+from .storeactions import ActionLog
+from .storeschema import FLEET_COLUMNS, MIGRATIONS, SCHEMA_VERSION, job_cost
 
 BUSY_TIMEOUT_MS = 10_000
 
@@ -36,13 +36,24 @@ def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="seconds")
 
 
+def _epoch(iso: Any) -> float | None:
+    """job.json's ISO 8601 time (with its offset) as epoch seconds; None when absent or bad."""
+    try:
+        return datetime.fromisoformat(str(iso)).timestamp() if iso else None
+    except ValueError:
+        return None
+
+
 def is_locked(err: BaseException) -> bool:
     """SQLite's 'database is locked' / 'database is busy': another writer, retry later."""
     text = str(err).lower()
     return "database is locked" in text or "database is busy" in text or "database table is locked" in text
 
 
-class Store:
+class Store(ActionLog):
+    """The verdict store: jobs, verdicts and their parts, the comment queue; what was asked of
+    Slurm (breaker, drains, undrains, requeues, recoveries, diagnostics) is storeactions.ActionLog."""
+
     def __init__(self, path: str | None = None, memory: bool = False):
         try:
             if memory or path is None:
@@ -82,16 +93,19 @@ class Store:
         """Store one job's verdict and its parts, replacing an earlier analysis of the job."""
         jid = verdict.job_id
         now = _now()
+        key = os.path.basename(bundle_path.rstrip("/")) if bundle_path else jid
         with self.db.conn:
+            self._keep_earlier_attempt(jid, key)
             for table in ("symptoms", "evidence", "coverage"):
                 self.db.execute(f"delete from {table} where job_id = ?", [jid])
             self.db["jobs"].upsert({
                 "job_id": jid, "slurm_job_id": str(job.get("slurm_job_id") or jid.split("_")[0]),
-                "bundle_key": os.path.basename(bundle_path.rstrip("/")) if bundle_path else jid,
+                "bundle_key": key,
                 "user": job.get("user"), "uid": job.get("uid"), "partition": job.get("partition"),
                 "nodes": json.dumps(job.get("nodes") or []), "state": job.get("state"),
                 "exit_code": job.get("exit_code"), "signal": job.get("signal"),
                 "start_time": job.get("start_time"), "end_time": job.get("end_time"),
+                "gpus": job.get("gpus"), "elapsed_s": job.get("elapsed_s"),
                 "bundle_path": bundle_path, "updated_at": now,
             }, pk="job_id", alter=True)
             d = verdict.to_dict()
@@ -101,6 +115,17 @@ class Store:
                 "culprit_ranks": json.dumps(verdict.culprit_ranks), "culprit_gpus": json.dumps(verdict.culprit_gpus),
                 "verdict_json": json.dumps(d), "analyzed_at": now, "analysis_ms": analysis_ms,
             }, pk="job_id", alter=True)
+            end = _epoch(job.get("end_time"))
+            failed, lost = job_cost(job.get("state"), job.get("gpus"), job.get("elapsed_s"))
+            # latency: the first analysis only, a re-analysis keeps it
+            self.db.execute(
+                f"insert into fleet ({', '.join(FLEET_COLUMNS)}) values ({', '.join('?' * len(FLEET_COLUMNS))}) "
+                "on conflict(job_id) do update set analyzed_at = excluded.analyzed_at, partition = excluded.partition, "
+                "user = excluded.user, cause = excluded.cause, domain = excluded.domain, failed = excluded.failed, "
+                "lost_gpu_h = excluded.lost_gpu_h, latency_s = coalesce(fleet.latency_s, excluded.latency_s), "
+                "culprit_nodes = excluded.culprit_nodes",
+                [jid, now, job.get("partition") or "", job.get("user"), verdict.cause, verdict.domain, failed, lost,
+                 max(0.0, now - end) if end is not None else None, json.dumps(verdict.culprit_nodes)])
             for s in verdict.symptoms:
                 sid = self.db["symptoms"].insert({
                     "job_id": jid, "rule_id": s.id, "cause": s.cause, "role": s.role, "priority": s.priority,
@@ -113,6 +138,26 @@ class Store:
                       "text": (e.text or "")[:2000]} for e in s.evidence))
             self.db["coverage"].insert_all(
                 ({"job_id": jid, **c.to_dict()} for c in verdict.coverage))
+
+    def _keep_earlier_attempt(self, job_id: str, bundle_key: str) -> None:
+        """The job's stored verdict, when it is another attempt's (bundle ``<id>`` before
+        ``<id>.r1``), into ``attempts`` before this one replaces it."""
+        row = self.db.execute(
+            "select j.bundle_key, v.cause, v.domain, v.summary, v.culprit_nodes, v.verdict_json, v.analyzed_at "
+            "from jobs j join verdicts v on v.job_id = j.job_id where j.job_id = ?", [job_id]).fetchone()
+        if row is None or not row[0] or row[0] == bundle_key:
+            return
+        self.db["attempts"].upsert(dict(zip(
+            ("bundle_key", "cause", "domain", "summary", "culprit_nodes", "verdict_json", "analyzed_at"), row),
+            job_id=job_id), pk=("job_id", "bundle_key"))
+
+    def earlier_attempts(self, job_id: str) -> list[dict[str, Any]]:
+        """A requeued job's earlier attempts' verdicts (not the stored one), oldest first."""
+        return [{"bundle_key": r["bundle_key"], "cause": r["cause"], "domain": r["domain"], "summary": r["summary"],
+                 "culprit_nodes": json.loads(r["culprit_nodes"] or "[]"), "analyzed_at": r["analyzed_at"]}
+                for r in self.db.query("select * from attempts where job_id = ? and bundle_key != "
+                                       "(select coalesce(bundle_key, '') from jobs where job_id = ?) order by analyzed_at",
+                                       [job_id, job_id])]
 
     def record_actions(self, job_id: str, actions: Iterable[Action], path: str, actor: str = "sattr") -> None:
         with self.db.conn:
@@ -186,147 +231,6 @@ class Store:
             sql += " and decided_at >= ?"; args.append(since)
         sql += " order by decided_at desc, id desc limit ?"; args.append(limit)
         return [dict(r) for r in self.db.query(sql, args)]
-
-    # -- drain circuit breaker (schema 2) -------------------------------------------------
-    @contextmanager
-    def transaction(self) -> Iterator[None]:
-        """An IMMEDIATE transaction: the write lock is taken at once, so a read-then-write
-        decision (the breaker's count, then its claim) is atomic across processes."""
-        conn = self.db.conn
-        if conn.in_transaction:
-            conn.commit()
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-        except BaseException:
-            conn.rollback()
-            raise
-        conn.commit()
-
-    def breaker(self, name: str = "drain") -> dict[str, Any]:
-        rows = list(self.db.query("select * from breaker where name = ?", [name]))
-        if rows:
-            return dict(rows[0])
-        return {"name": name, "tripped": 0, "tripped_at": None, "why": "", "reset_at": None, "reset_by": "",
-                "reset_why": ""}
-
-    def trip_breaker(self, why: str, name: str = "drain") -> None:
-        """Trip the breaker (no-op when already tripped: the first reason is kept). Call inside
-        ``transaction()``."""
-        cur = self.breaker(name)
-        if cur["tripped"]:
-            return
-        cur.update({"tripped": 1, "tripped_at": _now(), "why": why[:500]})
-        self._put_breaker(cur)
-
-    def _put_breaker(self, row: dict[str, Any]) -> None:
-        # Plain SQL: sqlite-utils' writes commit on their own, which would end a caller's transaction early.
-        cols = ("name", "tripped", "tripped_at", "why", "reset_at", "reset_by", "reset_why")
-        self.db.conn.execute(f"insert or replace into breaker ({', '.join(cols)}) values ({', '.join('?' for _ in cols)})",
-                             [row.get(c) for c in cols])
-
-    def reset_breaker(self, actor: str, why: str = "", name: str = "drain") -> dict[str, Any]:
-        """Close the breaker; drains before now no longer count towards its window."""
-        with self.transaction():
-            cur = self.breaker(name)
-            cur.update({"tripped": 0, "reset_at": _now(), "reset_by": actor, "reset_why": why[:500]})
-            self._put_breaker(cur)
-        return cur
-
-    def ledger_count(self, since: float) -> int:
-        rows = list(self.db.query(
-            "select count(*) as n from drain_ledger where at >= ? and status in ('claimed', 'applied')", [since]))
-        return int(rows[0]["n"])
-
-    def ledger_inflight(self, since: float) -> list[dict[str, Any]]:
-        """Claims not settled yet (scontrol running in another process), newer than since."""
-        return [dict(r) for r in self.db.query(
-            "select * from drain_ledger where at >= ? and status = 'claimed' order by at", [since])]
-
-    def ledger_has(self, node: str, job_ids: Iterable[str]) -> bool:
-        """Whether we already drained (or are draining) node for one of these job ids."""
-        ids = [j for j in job_ids if j]
-        if not ids:
-            return False
-        marks = ",".join("?" for _ in ids)
-        rows = list(self.db.query(
-            f"select 1 from drain_ledger where node = ? and job_id in ({marks}) and status in ('claimed', 'applied') "
-            "limit 1", [node, *ids]))
-        return bool(rows)
-
-    def ledger_claim(self, node: str, job_id: str, kind: str, path: str, partitions: list[str], reason: str) -> int:
-        """Write a claim; call inside ``transaction()`` after checking the count."""
-        cur = self.db.conn.execute(
-            "insert into drain_ledger (node, job_id, kind, path, partitions, reason, at, status) "
-            "values (?, ?, ?, ?, ?, ?, ?, 'claimed')", [node, job_id, kind, path, json.dumps(partitions), reason, _now()])
-        return int(cur.lastrowid)
-
-    def ledger_record(self, node: str, job_id: str, kind: str, path: str, reason: str, at: float | None = None,
-                      partitions: list[str] | None = None) -> None:
-        """A drain carried out elsewhere (the fast path, found in Slurm's reason): applied at ``at``."""
-        with self.db.conn:
-            self.db.conn.execute(
-                "insert into drain_ledger (node, job_id, kind, path, partitions, reason, at, status) "
-                "values (?, ?, ?, ?, ?, ?, ?, 'applied')",
-                [node, job_id, kind, path, json.dumps(partitions or []), reason, at if at is not None else _now()])
-
-    def ledger_settle(self, claim_id: int, status: str, kind: str | None = None) -> None:
-        """claimed -> applied (with the kind actually used) or released (Slurm refused)."""
-        upd: dict[str, Any] = {"status": status}
-        if kind:
-            upd["kind"] = kind
-        with self.db.conn:
-            self.db["drain_ledger"].update(claim_id, upd)
-
-    def record_undrain(self, node: str, job_id: str, drain_reason: str, why: str, actor: str, ok: bool,
-                       detail: str = "") -> None:
-        with self.db.conn:
-            self.db["undrains"].insert({"node": node, "job_id": job_id, "drain_reason": drain_reason, "why": why,
-                                        "actor": actor, "at": _now(), "ok": int(ok), "detail": detail[:500]})
-
-    def undrains(self, since: float | None = None, limit: int = 500) -> list[dict[str, Any]]:
-        sql, args = "select * from undrains", []
-        if since is not None:
-            sql += " where at >= ?"; args.append(since)
-        sql += " order by at desc, id desc limit ?"; args.append(limit)
-        return [dict(r) for r in self.db.query(sql, args)]
-
-    # -- closing the loop: requeues, recovery actions, diagnostics (actions.py) --------------
-    def record_requeue(self, row: dict[str, Any]) -> None:
-        with self.db.conn:
-            self.db["requeues"].insert({**row, "at": row.get("at") or _now()})
-
-    def requeues(self, slurm_job_id: str | None = None, since: float | None = None) -> list[dict[str, Any]]:
-        sql, args = "select * from requeues where 1", []
-        if slurm_job_id is not None:
-            sql += " and slurm_job_id = ?"; args.append(slurm_job_id)
-        if since is not None:
-            sql += " and at >= ?"; args.append(since)
-        return [dict(r) for r in self.db.query(sql + " order by at, id", args)]
-
-    def record_recovery(self, row: dict[str, Any]) -> None:
-        with self.db.conn:
-            self.db["recoveries"].insert({**row, "at": row.get("at") or _now()})
-
-    def recoveries(self, job_id: str | None = None, since: float | None = None) -> list[dict[str, Any]]:
-        sql, args = "select * from recoveries where 1", []
-        if job_id is not None:
-            sql += " and job_id = ?"; args.append(job_id)
-        if since is not None:
-            sql += " and at >= ?"; args.append(since)
-        return [dict(r) for r in self.db.query(sql + " order by at, id", args)]
-
-    def record_diag(self, row: dict[str, Any]) -> None:
-        with self.db.conn:
-            self.db["diags"].insert({**row, "at": row.get("at") or _now()})
-
-    def diags(self, node: str | None = None, since: float | None = None) -> list[dict[str, Any]]:
-        sql, args = "select * from diags where 1", []
-        if node is not None:
-            sql += " and node = ?"; args.append(node)
-        if since is not None:
-            sql += " and at >= ?"; args.append(since)
-        return [dict(r) for r in self.db.query(sql + " order by at, id", args)]
 
     # -- the accounting-comment queue ----------------------------------------------------
     def queue_comment(self, job_id: str, slurm_job_id: str, field: str, text: str) -> None:

@@ -2,13 +2,15 @@
 
 Version 1: jobs, verdicts, symptoms, evidence, coverage, actions, comments (the accounting-comment
 queue). 2: the drain circuit breaker (breaker, drain_ledger, undrains). 3: closing the loop through
-Slurm (requeues, recoveries, diags) and one comment queue entry per job and field.
+Slurm (requeues, recoveries, diags) and one comment queue entry per job and field. 4: the fleet
+view (fleet/): a job's allocated GPUs and elapsed seconds, and the fleet table (one narrow row per
+verdict: GPU-hours lost, latency of the first verdict); a requeued job's earlier attempts' verdicts.
 """
 from __future__ import annotations
 
 import sqlite_utils
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 # Each migration takes the schema from version i to i+1; index 0 creates version 1.
@@ -95,4 +97,56 @@ def _m3(db: sqlite_utils.Database) -> None:
     db["diags"].create_index(["node", "at"], if_not_exists=True)
 
 
-MIGRATIONS = [_m1, _m2, _m3]
+def job_cost(state: object, gpus: object, elapsed_s: object) -> tuple[int, float]:
+    """(1 when the job did not complete, the GPU-hours its failure cost): allocated GPUs x
+    elapsed hours for a job whose final state is not COMPLETED; 0 where either is unknown
+    (a job stored before accounting gave them, a Slurm without AccountingStorageTRES=gres/gpu)."""
+    failed = int(str(state or "") != "COMPLETED")
+    try:
+        g, e = float(gpus or 0), float(elapsed_s or 0)
+    except (TypeError, ValueError):
+        return failed, 0.0
+    return failed, (g * e / 3600.0 if failed and g > 0 and e > 0 else 0.0)
+
+
+FLEET_COLUMNS = ("job_id", "analyzed_at", "partition", "user", "cause", "domain", "failed", "lost_gpu_h",
+                 "latency_s", "culprit_nodes")
+
+
+def _m4(db: sqlite_utils.Database) -> None:
+    # GPU-hours lost: accounting's AllocTRES gres/gpu and Elapsed, taken with the final state;
+    # NULL for jobs stored before (unknown, not zero).
+    for col, kind in (("gpus", int), ("elapsed_s", float)):
+        if col not in db["jobs"].columns_dict:  # a store stamped older than its tables (downgraded, then upgraded)
+            db["jobs"].add_column(col, kind)
+    # A requeued job's earlier attempts: their verdicts, kept when the next attempt's verdict
+    # replaces the job's row (issue 24: both attempts' verdicts stay readable).
+    db["attempts"].create({
+        "job_id": str, "bundle_key": str, "cause": str, "domain": str, "summary": str, "culprit_nodes": str,
+        "verdict_json": str, "analyzed_at": float,
+    }, pk=("job_id", "bundle_key"), if_not_exists=True)
+    # The fleet view (fleet/queries.py) reads every verdict of a window: a narrow row per job
+    # with what it aggregates, written with the verdict. The verdicts table's rows carry the
+    # whole verdict JSON (SQLite walks its overflow pages to reach a later column): reading
+    # 100,000 of them there costs several times this. latency_s: job end -> first verdict,
+    # kept through re-analyses (a re-analysis a week later is not the analysis latency).
+    db["fleet"].create({
+        "job_id": str, "analyzed_at": float, "partition": str, "user": str, "cause": str, "domain": str,
+        "failed": int, "lost_gpu_h": float, "latency_s": float, "culprit_nodes": str,
+    }, pk="job_id", if_not_exists=True)
+    rows = db.execute(
+        "select v.job_id, v.analyzed_at, coalesce(j.partition, ''), j.user, v.cause, v.domain, j.state, j.gpus, "
+        "j.elapsed_s, v.culprit_nodes from verdicts v join jobs j on j.job_id = v.job_id").fetchall()
+    db["fleet"].insert_all(
+        (dict(zip(FLEET_COLUMNS, (jid, at, part, user, cause, domain, *job_cost(state, gpus, el), None, nodes)))
+         for jid, at, part, user, cause, domain, state, gpus, el, nodes in rows), replace=True)
+    # Each index covers one family of the fleet's queries, so none reads the table's rows.
+    db["fleet"].create_index(["partition", "cause", "domain", "failed", "lost_gpu_h", "analyzed_at"], if_not_exists=True)
+    db["fleet"].create_index(["cause", "lost_gpu_h", "analyzed_at"], if_not_exists=True)
+    db["fleet"].create_index(["latency_s", "analyzed_at"], if_not_exists=True)
+    db["fleet"].create_index(["user", "cause", "failed", "lost_gpu_h", "analyzed_at"], if_not_exists=True)
+    db["fleet"].create_index(["analyzed_at"], if_not_exists=True)
+    db["symptoms"].create_index(["seen_at"], if_not_exists=True)
+
+
+MIGRATIONS = [_m1, _m2, _m3, _m4]

@@ -154,18 +154,36 @@ def _verdict(path: str, cfg: Config) -> tuple[dict[str, Any] | None, str]:
 
 
 @main.command("report")
-@click.argument("ref")
-@click.option("--html", "html_path", required=True, type=click.Path(dir_okay=False, writable=True), help="Write the report to this file.")
+@click.argument("ref", required=False)
+@click.option("--html", "html_path", type=click.Path(dir_okay=False, writable=True), help="Write the report to this file.")
 @click.option("--all", "all_groups", is_flag=True, help="Also show process groups without findings.")
+@click.option("--fleet", is_flag=True, help="The whole fleet instead of one job (admins): GPU-hours lost by cause, "
+              "lemon nodes and GPUs, drains; see docs/fleet.md.")
+@click.option("--since", default="30d", show_default=True, help="With --fleet: how far back (30d, 12h, an ISO date).")
+@click.option("--json", "as_json", is_flag=True, help="With --fleet: print the report's data as JSON.")
+@click.option("--public", is_flag=True, help="With --fleet: leave out user names and the per-user section.")
 @click.pass_context
 @handle_errors
-def report_command(ctx: click.Context, ref: str, html_path: str, all_groups: bool) -> None:
-    """Write one self-contained HTML report of a job: verdict, FR findings, divergence matrix.
+def report_command(ctx: click.Context, ref: str | None, html_path: str | None, all_groups: bool, fleet: bool,
+                   since: str, as_json: bool, public: bool) -> None:
+    """Write one self-contained HTML report of a job (verdict, FR findings, divergence matrix),
+    or with --fleet of the whole cluster.
 
     Example:
 
         sattr report 1234 --html job1234.html
+
+        sattr report --fleet --since 30d --html fleet.html
     """
+    if fleet:
+        if ref:
+            raise click.UsageError("sattr report --fleet takes no job")
+        from .fleet import fleet_report_command
+
+        fleet_report_command(ctx, since, html_path, as_json, public)
+        return
+    if not ref or not html_path:
+        raise click.UsageError("sattr report JOB --html FILE (or sattr report --fleet)")
     cfg = load_config(ctx)
     path = resolve(ref, cfg)
     rep = flightrec.inspect(path, cfg)

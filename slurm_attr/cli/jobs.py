@@ -79,9 +79,15 @@ def show(ctx: click.Context, job_id: str, as_json: bool, why: bool = False) -> N
         click.echo(f"job {job_id}: {jobtext.line(waiting)}")
         return
     if as_json:
-        echo_json(view.verdict.to_dict())
+        out = view.verdict.to_dict()
+        if view.earlier:  # additive: a requeued job's earlier attempts
+            out["earlier_attempts"] = view.earlier
+        echo_json(out)
         return
     click.echo(render.verdict_text(view.verdict, view.job, color=use_color(), comment_status=view.comment_status))
+    for e in view.earlier:
+        nodes = f" on {','.join(e['culprit_nodes'])}" if e["culprit_nodes"] else ""
+        click.echo(f"\nEarlier attempt ({jobtext.line(e['bundle_key'])}): {e['cause']}{nodes} - {jobtext.line(e['summary'] or '')}")
     admin = admin_comment_line(cfg, view)
     if admin:
         click.echo(f"\n{admin}")

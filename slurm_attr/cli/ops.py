@@ -17,9 +17,8 @@ from typing import Any
 
 import click
 
-from .. import access, drain, jobtext
-from ..errors import NotFound, PermissionDenied, SattrError, SlurmError
-from ..model import domain_of
+from .. import access, jobtext
+from ..errors import NotFound, PermissionDenied, SattrError
 from ..slurm import default_backend
 from ..store import Store
 from . import main
@@ -189,108 +188,6 @@ def _list_pending(cfg: Any, as_json: bool) -> None:
                     iso(d.get("next_try")), "partial" if d.get("partial_stored") else "-",
                     (d.get("last_error") or "-")[:120]) for d in rows]
     click.echo(text_table(table, ["JOB", "PENDING SINCE", "ATTEMPTS", "NEXT TRY", "STORED", "LAST ERROR"]))
-
-
-# -- nodes ------------------------------------------------------------------------------
-
-
-def node_report(store: Store, since: float | None, slurm_nodes: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
-    """Per node and GPU: verdicts it was the culprit of, trusted hardware symptoms, recurrence,
-    current drain state. Worst first."""
-    since = since or 0.0
-    nodes: dict[str, dict[str, Any]] = {}
-
-    def entry(n: str) -> dict[str, Any]:
-        return nodes.setdefault(n, {"node": n, "jobs": 0, "culprit_of": {}, "hardware_symptoms": 0,
-                                    "hardware_jobs": set(), "gpus": {}, "state": None, "reason": None})
-
-    for r in store.db.query("select j.nodes, v.cause, v.culprit_nodes from jobs j join verdicts v on v.job_id = j.job_id "
-                            "where v.analyzed_at >= ?", [since]):
-        for n in json.loads(r["nodes"] or "[]"):
-            entry(n)["jobs"] += 1
-        for n in json.loads(r["culprit_nodes"] or "[]"):
-            e = entry(n)
-            e["culprit_of"][r["cause"]] = e["culprit_of"].get(r["cause"], 0) + 1
-    for r in store.db.query("select node, gpu, rule_id, cause, job_id from symptoms where trusted = 1 and node is not null "
-                            "and seen_at >= ?", [since]):
-        if domain_of(r["cause"]) != "hardware":
-            continue
-        e = entry(r["node"])
-        e["hardware_symptoms"] += 1
-        e["hardware_jobs"].add(r["job_id"])
-        g = e["gpus"].setdefault(r["gpu"] or "-", {})
-        g.setdefault(r["rule_id"], set()).add(r["job_id"])
-    for rec in slurm_nodes or []:
-        st = drain.NodeState.from_record(rec)
-        if not st.name:
-            continue
-        e = entry(st.name)
-        e["state"] = "+".join(sorted(w.lower() for w in st.words)) or None
-        e["reason"] = st.reason or None
-        e["drained_by_us"] = st.out_of_service and st.ours
-    out = []
-    for e in nodes.values():
-        gpus = []
-        for gpu, rules in sorted(e["gpus"].items()):
-            rec = {rule: len(jobs) for rule, jobs in sorted(rules.items())}
-            gpus.append({"gpu": gpu, "symptoms": rec, "recurring": sorted(r for r, n in rec.items() if n > 1)})
-        out.append({
-            "node": e["node"], "jobs": e["jobs"], "culprit_of": dict(sorted(e["culprit_of"].items())),
-            "hardware_symptoms": e["hardware_symptoms"], "hardware_jobs": len(e["hardware_jobs"]), "gpus": gpus,
-            "recurring": any(g["recurring"] for g in gpus) or len(e["hardware_jobs"]) > 1,
-            "state": e["state"], "reason": e["reason"], "drained_by_us": bool(e.get("drained_by_us")),
-        })
-    out.sort(key=lambda e: (-e["hardware_jobs"], -sum(e["culprit_of"].values()), not e["drained_by_us"],
-                            -e["jobs"], e["node"]))
-    return out
-
-
-def _slurm_nodes(cfg: Any) -> tuple[list[dict[str, Any]] | None, str | None]:
-    try:
-        return default_backend(cfg.paths.slurm_bin, cfg.paths.slurm_conf, backend=cfg.slurm.backend).nodes(), None
-    except SlurmError as err:
-        return None, str(err)
-
-
-@main.command()
-@since_option("30d")
-@json_option
-@click.pass_context
-@handle_errors
-def nodes(ctx: click.Context, since: str, as_json: bool) -> None:
-    """Per node and GPU: verdicts, hardware symptoms, recurrence and drain state, worst first.
-
-    A GPU whose symptom recurs across jobs is a lemon candidate. Admins only.
-
-    Example:
-
-        sattr nodes --since 7d
-    """
-    cfg = load_config(ctx)
-    require_admin(cfg, "nodes")
-    store = open_store(cfg)
-    slurm_nodes, err = _slurm_nodes(cfg)
-    report = node_report(store, parse_since(since), slurm_nodes)
-    if as_json:
-        echo_json(report)
-        return
-    if err:
-        click.echo(f"(Slurm not reachable, drain state unknown: {jobtext.line(err)})", err=True)
-    if not report:
-        click.echo("no nodes seen yet", err=True)
-        return
-    rows = []
-    for e in report:
-        culprit = ", ".join(f"{c} {n}" for c, n in e["culprit_of"].items()) or "-"
-        state = e["state"] or "?"
-        if e["reason"]:
-            state += f" ({e['reason']})"
-        rows.append(cells(e["node"], e["jobs"], culprit, f"{e['hardware_symptoms']} in {e['hardware_jobs']} jobs"
-                           if e["hardware_symptoms"] else "-", "yes" if e["recurring"] else "-", state))
-        for g in e["gpus"]:
-            syms = ", ".join(f"{r} x{n}" for r, n in g["symptoms"].items())
-            rows.append(cells(f"  gpu {g['gpu']}", "", "", syms, ", ".join(g["recurring"]) or "-", ""))
-    click.echo(text_table(rows, ["NODE", "JOBS", "CULPRIT OF", "HARDWARE SYMPTOMS", "RECURRING", "STATE"]))
 
 
 # -- reanalyze --------------------------------------------------------------------------

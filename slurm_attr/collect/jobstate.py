@@ -172,6 +172,29 @@ def job_facts(rec: dict[str, str], sacct: dict[str, str] | None = None) -> dict[
     return {k: v for k, v in facts.items() if v is not None}
 
 
+_TRES_GPU = re.compile(r"(?:^|,)gres/gpu=(\d+)(?:,|$)")
+_ELAPSED = re.compile(r"(?:(\d+)-)?(\d+):(\d\d):(\d\d)")
+
+
+def tres_gpus(tres: str | None) -> int | None:
+    """The GPU count in a TRES string (``cpu=4,gres/gpu=8,node=1``); typed GPUs
+    (``gres/gpu:a100=8``) are counted in the untyped total Slurm also prints. None when
+    the string is empty or unknown; 0 when it lists TRES but no GPUs."""
+    if not tres or tres in ("Unknown", "N/A", "None"):
+        return None
+    m = _TRES_GPU.search(tres)
+    return int(m.group(1)) if m else 0
+
+
+def elapsed_seconds(value: str | None) -> float | None:
+    """sacct's Elapsed (``[D-]HH:MM:SS``) in seconds."""
+    m = _ELAPSED.fullmatch(value or "")
+    if not m:
+        return None
+    d, h, mi, s = (int(x) if x else 0 for x in m.groups())
+    return float(((d * 24 + h) * 60 + mi) * 60 + s)
+
+
 def refresh_state(job: dict[str, Any], sacct: dict[str, str] | None) -> dict[str, Any]:
     """Take accounting's final state word and exit code once it has them."""
     if not sacct:
@@ -190,4 +213,10 @@ def refresh_state(job: dict[str, Any], sacct: dict[str, str] | None) -> dict[str
         for key, col in (("start_time", "Start"), ("end_time", "End")):
             if not job.get(key) and epoch_iso(sacct.get(col)):
                 job[key] = epoch_iso(sacct.get(col))
+        # What the job's failure cost (fleet/): accounting's allocation and run time.
+        gpus, elapsed = tres_gpus(sacct.get("AllocTRES")), elapsed_seconds(sacct.get("Elapsed"))
+        if gpus is not None:
+            job["gpus"] = gpus
+        if elapsed is not None:
+            job["elapsed_s"] = elapsed
     return job

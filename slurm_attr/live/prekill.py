@@ -29,10 +29,11 @@ from datetime import datetime
 from typing import Any, Callable
 
 from .. import safefs
+from ..collect.jobstate import tres_gpus
 from ..config import Config, Live
 from ..errors import SattrError, UnsafePath
 from ..probe.comms import iso
-from ..slurm.base import from_config
+from ..slurm import from_config
 from ..slurm.cancel import CancelRefused
 from . import budget, dumps, ras, store
 from .workerclient import PeerCheck
@@ -162,9 +163,8 @@ def job_facts(show: dict[str, str] | None) -> tuple[int | None, int]:
         end_ns = int(datetime.fromisoformat(end).timestamp() * 1e9)  # scontrol prints local time
     gpus = 0
     for key in ("AllocTRES", "TRES"):
-        m = re.search(r"(?:^|,)gres/gpu=(\d+)", show.get(key, ""))
-        if m:
-            gpus = int(m.group(1))
+        gpus = tres_gpus(show.get(key)) or 0
+        if gpus:
             break
     return end_ns, gpus
 

@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import host_port
+from ..configcheck import host_port
 from . import rasreport, store
 
 PROTOCOL = 2

@@ -185,6 +185,29 @@ def keys(cfg: Config) -> set[str]:
     return {d["key"] for d in entries(cfg)} | {k for k in raw if valid_key(k)}
 
 
+def backlog(cfg: Config) -> tuple[int, float | None]:
+    """(pending jobs, when the oldest was recorded) with the C front's records not ingested
+    yet counted by their file's time: a stopped worker shows as a growing, ageing queue."""
+    docs = entries(cfg)
+    known = {d["key"] for d in docs}
+    times = [float(d["since"]) for d in docs if isinstance(d.get("since"), (int, float))]
+    n = len(docs)
+    try:
+        names = [x for x in os.listdir(cfg.intake.queue_dir) if x.endswith(ENV_SUFFIX) and not x.startswith(".")]
+    except OSError:
+        names = []
+    for name in names:
+        key = name[:-len(ENV_SUFFIX)]
+        if key in known or not valid_key(key):
+            continue
+        try:
+            times.append(os.lstat(os.path.join(cfg.intake.queue_dir, name)).st_mtime)
+            n += 1
+        except OSError:
+            continue  # ingested meanwhile
+    return n, (min(times) if times else None)
+
+
 def due(cfg: Config, now: float | None = None) -> list[dict[str, Any]]:
     now = time.time() if now is None else now
     return [d for d in entries(cfg) if float(d.get("next_try") or 0) <= now]

@@ -209,6 +209,8 @@ def work(cfg: Config, fd: int, slurm: Any = None, open_store: Any = None) -> Cou
         if todo:
             done = _batch(cfg, batched, todo, open_store)
             counts.update(done.values())
+            if "stored" in done.values():
+                _publish_metrics(cfg, open_store)
             if all(v in ("busy", "settling", "offloaded") for v in done.values()):
                 time.sleep(POLL_S)  # all taken by the other workers, or waiting for accounting
             continue
@@ -303,6 +305,19 @@ def _flush(cfg: Config, batched: Any, comments: list[str], open_store: Any) -> N
     comments.clear()
 
 
+def _publish_metrics(cfg: Config, open_store: Any) -> None:
+    """The site's metrics textfile, after each batch that stored verdicts (a batch, not each
+    verdict: in a burst, one store read per BATCH jobs)."""
+    if not cfg.metrics.textfile:
+        return
+    from ..fleet import metrics
+
+    try:
+        metrics.publish(cfg, open_store(cfg) if open_store else _store(cfg))
+    except Exception as err:  # noqa: BLE001 - the store would not open; the next batch tries again
+        log.warning("metrics not published: %s", err)
+
+
 def _after_run(cfg: Config, batched: Any, counts: Counter[str], open_store: Any) -> None:
     """Once per run, not per job: the comment queue and recent comments re-checked, the spool pruned."""
     from .. import diag, gc
@@ -315,6 +330,7 @@ def _after_run(cfg: Config, batched: Any, counts: Counter[str], open_store: Any)
         except Exception as err:  # noqa: BLE001 - the timer's `sattr comments --verify` does it later
             log.warning("comment sweep skipped: %s", err)
     gc.maybe_collect(cfg)
+    _publish_metrics(cfg, open_store)  # the queue's age too, when nothing was stored
     diag.maybe_start_auto(cfg)  # [actions] auto_undrain, detached: a diagnostic must not hold this slot
     import resource
 

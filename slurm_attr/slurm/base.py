@@ -78,20 +78,3 @@ def set_comments_each(backend: Any, items: list[tuple[str, str, str]]) -> dict[s
         except SlurmError as err:
             out[job_id] = err
     return out
-
-
-def default_backend(slurm_bin: str, slurm_conf: str, timeout: float = 15.0,
-                    comment_tool: str = "", backend: str = "auto") -> "SlurmAccess":
-    """The backend ``[slurm] backend`` names (select.py): pyslurm where its release line
-    matches the running Slurm, else the CLI."""
-    from .select import choose
-
-    return choose(backend, slurm_bin, slurm_conf, timeout=timeout, comment_tool=comment_tool)[0]  # type: ignore[return-value]
-
-
-def from_config(cfg: "object", timeout: float = 15.0) -> "SlurmAccess":
-    """The backend a config describes (paths to the Slurm tools and the comment writer)."""
-    paths = cfg.paths  # type: ignore[attr-defined]
-    slurm = getattr(cfg, "slurm", None)
-    return default_backend(paths.slurm_bin, paths.slurm_conf, timeout=timeout, comment_tool=paths.comment_tool,
-                           backend=getattr(slurm, "backend", "auto"))

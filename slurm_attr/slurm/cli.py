@@ -32,7 +32,7 @@ _UNAVAILABLE = (
 
 # sacct fields we read for one job.
 SACCT_FIELDS = ("JobID", "JobIDRaw", "User", "Partition", "NodeList", "State", "ExitCode",
-                "DerivedExitCode", "Start", "End", "Elapsed", "Timelimit")
+                "DerivedExitCode", "Start", "End", "Elapsed", "Timelimit", "AllocTRES")
 
 
 def _sacct_rows(text: str) -> Iterator[dict[str, str]]:
@@ -174,6 +174,18 @@ class CliSlurm:
                 for k in (row["JobID"], row["JobIDRaw"]):
                     if k in chunk and k not in out:
                         out[k] = row
+        return out
+
+    def alloc_tres(self, raw_ids: list[str]) -> dict[str, str]:
+        """{JobIDRaw: AllocTRES} for finished jobs (the pyslurm backend's rows lack it: its
+        db.Job keeps the TRES string as ids only)."""
+        out: dict[str, str] = {}
+        for at in range(0, len(raw_ids), 200):  # bounded argument length per call
+            chunk = raw_ids[at:at + 200]
+            for ln in self.run("sacct", "-n", "-P", "-X", "-j", ",".join(chunk), "-o", "JobIDRaw,AllocTRES").splitlines():
+                jid, _, tres = ln.partition("|")
+                if jid in chunk:
+                    out[jid] = tres
         return out
 
     def job_comment(self, job_id: str, field: str) -> str | None:

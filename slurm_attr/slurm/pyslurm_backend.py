@@ -20,15 +20,16 @@ from __future__ import annotations
 import json
 import logging
 import os
-import pwd
 import select
 import signal
 import time
 from typing import Any, Callable
 
 from ..errors import SlurmError, SlurmUnavailable
-from .cli import SACCT_FIELDS, CliSlurm
+from .base import FINAL_STATES
+from .cli import CliSlurm
 from .outages import OUTAGES
+from .pyslurm_rows import attr, node_record, sacct_row
 
 log = logging.getLogger("slurm_attr")
 
@@ -112,75 +113,6 @@ def _import(slurm_conf: str, slurm_bin: str = "/usr/bin") -> tuple[Any, str]:
     except Exception as err:  # noqa: BLE001 - ImportError (other libslurm soname), RPCError at init, ...
         return None, f"pyslurm does not import: {type(err).__name__}: {err}"[:300]
     return pyslurm, ""
-
-
-def _slurm_time(epoch: Any) -> str:
-    """sacct's/scontrol's local ``YYYY-MM-DDTHH:MM:SS``; "Unknown" for no time."""
-    if not epoch:
-        return "Unknown"
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(int(epoch)))
-
-
-def _duration(seconds: Any) -> str:
-    """sacct's ``[D-]HH:MM:SS``."""
-    s = int(seconds or 0)
-    d, s = divmod(s, 86400)
-    h, s = divmod(s, 3600)
-    m, s = divmod(s, 60)
-    return (f"{d}-" if d else "") + f"{h:02d}:{m:02d}:{s:02d}"
-
-
-def _uid_of(name: Any) -> str:
-    try:
-        return str(pwd.getpwnam(str(name)).pw_uid)
-    except (KeyError, TypeError):
-        return str(name)
-
-
-def _attr(obj: Any, name: str) -> Any:
-    """A pyslurm property; None where reading it raises (an unknown uid, an unset value)."""
-    try:
-        return getattr(obj, name)
-    except (KeyError, ValueError, OverflowError):
-        return None
-
-
-def sacct_row(job: Any) -> dict[str, str]:
-    """A pyslurm.db.Job as the CLI backend's ``sacct -P -X`` row (SACCT_FIELDS)."""
-    jid = str(job.id)
-    arr, task = _attr(job, "array_id"), _attr(job, "array_task_id")
-    shown = f"{arr}_{task}" if arr and task is not None else jid
-    state = str(_attr(job, "state") or "")
-    if state == "CANCELLED":
-        by = _attr(job, "cancelled_by")
-        if by:
-            state = f"CANCELLED by {_uid_of(by)}"
-    limit = _attr(job, "time_limit")
-    row = {
-        "JobID": shown, "JobIDRaw": jid,
-        "User": str(_attr(job, "user_name") or ""), "Partition": str(_attr(job, "partition") or ""),
-        "NodeList": str(_attr(job, "nodelist") or "None assigned"), "State": state,
-        "ExitCode": f"{_attr(job, 'exit_code') or 0}:{_attr(job, 'exit_code_signal') or 0}",
-        "DerivedExitCode": f"{_attr(job, 'derived_exit_code') or 0}:{_attr(job, 'derived_exit_code_signal') or 0}",
-        "Start": _slurm_time(_attr(job, "start_time")), "End": _slurm_time(_attr(job, "end_time")),
-        "Elapsed": _duration(_attr(job, "elapsed_time")),
-        # No limit of its own (NO_VAL): sacct -P prints nothing; INFINITE: UNLIMITED.
-        "Timelimit": ("" if limit == "PartitionLimit" else
-                      "UNLIMITED" if limit is None else _duration(int(limit) * 60)),
-    }
-    return {k: row[k] for k in SACCT_FIELDS}
-
-
-def node_record(node: Any) -> dict[str, str]:
-    """A pyslurm.Node as the ``scontrol -o show node`` keys the callers read."""
-    reason = str(_attr(node, "reason") or "")
-    if reason:
-        # scontrol's "Reason=text [user@time]": slurmstate.NodeState reads the stamp back.
-        who, when = _attr(node, "reason_user"), _attr(node, "reason_time")
-        if who or when:
-            reason = f"{reason} [{who or 'unknown'}@{_slurm_time(when)}]"
-    return {"NodeName": str(node.name), "State": str(_attr(node, "state") or ""),
-            "Reason": reason, "Partitions": ",".join(_attr(node, "partitions") or [])}
 
 
 class PyslurmSlurm:
@@ -301,7 +233,7 @@ class PyslurmSlurm:
         found = self.ps.db.Jobs.load(self.ps.db.JobFilter(ids=base))
         out: dict[str, Any] = {}
         for job in found.values():
-            arr, task = _attr(job, "array_id"), _attr(job, "array_task_id")
+            arr, task = attr(job, "array_id"), attr(job, "array_task_id")
             keys = [str(job.id)] + ([f"{arr}_{task}"] if arr and task is not None else [])
             for k in keys:
                 if k in job_ids and k not in out:
@@ -318,7 +250,7 @@ class PyslurmSlurm:
 
         def get() -> dict[str, str] | None:
             job = self._db_jobs([job_id]).get(job_id)
-            return sacct_row(job) if job is not None else None
+            return self._with_tres({job_id: sacct_row(job)})[job_id] if job is not None else None
         return self._call("db.Jobs.load", get, lambda: self.cli.sacct_job(job_id), bounded=True)
 
     def sacct_jobs(self, job_ids: list[str]) -> dict[str, dict[str, str]]:
@@ -329,8 +261,22 @@ class PyslurmSlurm:
             out: dict[str, dict[str, str]] = {}
             for at in range(0, len(job_ids), 200):
                 out.update({k: sacct_row(job) for k, job in self._db_jobs(job_ids[at:at + 200]).items()})
-            return out
+            return self._with_tres(out)
         return self._call("db.Jobs.load", get, lambda: self.cli.sacct_jobs(job_ids), bounded=True)
+
+    def _with_tres(self, rows: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+        """AllocTRES for the rows from accounting's CLI, one sacct per 200 jobs: pyslurm's
+        db.Job holds it as TRES ids only. Asked only for finished jobs (what the GPU-hours
+        count needs), so polling a job until it ends costs no extra call; left empty (GPUs
+        unknown) when sacct fails."""
+        ids = sorted({r["JobIDRaw"] for r in rows.values() if r["State"].split(" ")[0] in FINAL_STATES})
+        try:
+            tres = self.cli.alloc_tres(ids) if ids else {}
+        except SlurmError:
+            tres = {}
+        for r in rows.values():
+            r["AllocTRES"] = tres.get(r["JobIDRaw"], "")
+        return rows
 
     def job_comment(self, job_id: str, field: str) -> str | None:
         return self.job_comments([job_id], field).get(job_id)
@@ -338,14 +284,14 @@ class PyslurmSlurm:
     def job_comments(self, job_ids: list[str], field: str) -> dict[str, str | None]:
         if not job_ids or not self._plain(job_ids):
             return self.cli.job_comments(job_ids, field)
-        attr = "admin_comment" if field == "AdminComment" else "comment"
+        prop = "admin_comment" if field == "AdminComment" else "comment"
 
         def get() -> dict[str, str | None]:
             out: dict[str, str | None] = {j: None for j in job_ids}
             for at in range(0, len(job_ids), 200):
                 for k, job in self._db_jobs(job_ids[at:at + 200]).items():
                     # A job in accounting with no comment reads as "", as sacct prints it.
-                    out[k] = str(_attr(job, attr) or "")
+                    out[k] = str(attr(job, prop) or "")
             return out
         return self._call("db.Jobs.load", get, lambda: self.cli.job_comments(job_ids, field), bounded=True)
 
@@ -354,12 +300,12 @@ class PyslurmSlurm:
             # pyslurm's filter selects whole arrays only: one task's comment goes the CLI way.
             self.cli.set_job_comment(job_id, field, text)
             return
-        attr = "admin_comment" if field == "AdminComment" else "comment"
+        prop = "admin_comment" if field == "AdminComment" else "comment"
         db = self.ps.db
 
         def put() -> None:
             try:
-                db.Jobs.modify(db.JobFilter(ids=[int(job_id)]), db.Job(**{attr: text}))
+                db.Jobs.modify(db.JobFilter(ids=[int(job_id)]), db.Job(**{prop: text}))
             except self.ps.RPCError as err:
                 if _NOTHING in str(err):
                     raise SlurmUnavailable(f"accounting has no record of job {job_id} yet") from err
@@ -387,8 +333,8 @@ class PyslurmSlurm:
         from ..slurmstate import ReasonRow
 
         def get() -> list[Any]:
-            return [ReasonRow(str(n.name), float(_attr(n, "reason_time") or 0) or None, str(_attr(n, "reason")))
-                    for n in self.ps.Nodes.load().values() if _attr(n, "reason")]
+            return [ReasonRow(str(n.name), float(attr(n, "reason_time") or 0) or None, str(attr(n, "reason")))
+                    for n in self.ps.Nodes.load().values() if attr(n, "reason")]
         return self._call("Nodes.load", get, self.cli.reasons)
 
     def drain(self, node: str, reason: str) -> None:

@@ -168,6 +168,10 @@ def _requeued_and_completed(cluster, kernel_lines, job: str, gate) -> None:
     assert sorted(p.name for p in (cluster.bundle(f"{job}.r1") / "nodes").iterdir()) == sorted(expand(rec["NodeList"]))
     shown = cluster.sattr(job).stdout
     assert f"Requeue: attempt 2: slurm-attr requeued the job after attempt 1 (gpu_hardware; {bad} excluded)" in shown
+    # both attempts' verdicts stay readable: attempt 1's beside the stored attempt 2's
+    assert f"Earlier attempt ({job}): gpu_hardware on {bad}" in shown, shown
+    earlier = json.loads(cluster.sattr(job, "--json").stdout)["earlier_attempts"]
+    assert [(e["bundle_key"], e["cause"], e["culprit_nodes"]) for e in earlier] == [(job, "gpu_hardware", [bad])]
 
 
 def test_user_error_with_the_same_settings_is_not_requeued(cluster, kernel_lines):

@@ -116,7 +116,7 @@ def test_schema_2_queue_is_carried_over(tmp_path):
     st.db.conn.commit()
     st.db.conn.close()
     again = Store(path)
-    assert again.schema_version == 3
+    assert again.schema_version == 4
     assert again.comment("7")["written"] == "x"
     again.queue_comment("7", "7", "AdminComment", "y")  # a second field for the same job now fits
     assert len(again.job_comments("7")) == 2

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from slurm_attr import access
-from slurm_attr.cli import drains, main, ops
+from slurm_attr.cli import drains, fleet, main, ops
 from slurm_attr.model import Action, Coverage, Evidence, Symptom, Verdict
 from slurm_attr.store import Store
 
@@ -23,6 +23,7 @@ def env(tmp_path, monkeypatch):
                    f'evidence_root = "{tmp_path / "ev"}"\n[drain]\nmax_partition_percent = 100.0\n')
     slurm = FakeSlurm()
     monkeypatch.setattr(ops, "default_backend", lambda *a, **k: slurm)
+    monkeypatch.setattr(fleet, "default_backend", lambda *a, **k: slurm)
     monkeypatch.setattr(drains, "default_backend", lambda *a, **k: slurm)
     monkeypatch.setattr(access, "default_backend", lambda *a, **k: slurm)
     monkeypatch.setattr(access, "caller", lambda: (0, "root"))

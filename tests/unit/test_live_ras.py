@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from unix_servers import RasServer
 
-from slurm_attr.config import Config, ConfigError, from_dict, host_port
+from slurm_attr.config import Config, ConfigError, from_dict
+from slurm_attr.configcheck import host_port
 from slurm_attr.live import prekill, ras, rasreport
 from slurm_attr.slurm.cli import CliSlurm
 

@@ -228,3 +228,37 @@ def test_a_running_worker_takes_the_changed_config_for_its_next_batch(tmp_path):
     _os.utime(path, ns=(2, 2))
     kept, seen4 = pool_mod.reloaded(fresh, seen3)
     assert kept is fresh and seen4 != seen3
+
+
+def test_the_metrics_textfile_follows_the_batches_verdicts(cfg, monkeypatch, tmp_path):
+    """[metrics] textfile: rewritten after a batch that stored verdicts (its numbers are the
+    store's then) and once at the run's end (the queue's age); never without the setting."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from slurm_attr.model import Verdict
+    from slurm_attr.store import Store
+
+    store = Store(memory=True)
+    cfg.metrics.textfile = str(tmp_path / "sattr.prom")
+    ids = ["401", "402"]
+    for n, j in enumerate(ids):
+        _pending(cfg, j, since=time.time() - 10 + n * 0.001)
+    seen = []
+
+    def process(cfg_, key, slurm=None, comments_to=None, **kw):
+        store.save({"job_id": key, "state": "FAILED"}, Verdict(job_id=key, cause="user_error"))
+        intake.done(cfg_, key)
+        return "stored"
+    real = pool._publish_metrics
+    monkeypatch.setattr(attempt, "process", process)
+    monkeypatch.setattr(pool, "_publish_metrics", lambda c, o: seen.append(1) or real(c, o))
+    pool.work(cfg, pool._take_slot(cfg), slurm=Acct({j: {"State": "FAILED"} for j in ids}), open_store=lambda c: store)
+    fams = {f.name: f for f in text_string_to_metric_families(open(cfg.metrics.textfile).read())}
+    assert sum(s.value for s in fams["sattr_verdicts"].samples if s.name == "sattr_verdicts_total") == 2
+    assert [s.value for s in fams["sattr_pending_jobs"].samples] == [0]
+    assert len(seen) == 2  # the batch, then the run's end
+    os.unlink(cfg.metrics.textfile)
+    cfg.metrics.textfile = ""
+    _pending(cfg, "403", since=time.time())
+    pool.work(cfg, pool._take_slot(cfg), slurm=Acct({"403": {"State": "FAILED"}}), open_store=lambda c: store)
+    assert not os.path.exists(str(tmp_path / "sattr.prom"))

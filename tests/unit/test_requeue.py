@@ -319,3 +319,23 @@ def test_a_verdict_without_requeue_keeps_the_contract_keys():
     v = hw_verdict()
     assert "requeue" not in v.to_dict()
     assert not [ln for ln in render.verdict_text(v, {}).splitlines() if ln.startswith("Requeue:")]
+
+
+def test_both_attempts_verdicts_stay_readable(tmp_path):
+    """Attempt 2's verdict replaces the job's row; attempt 1's is kept in `attempts` and read
+    back (a re-analysis of the same attempt adds nothing; going back to attempt 1 swaps them)."""
+    from slurm_attr.model import Verdict
+    from slurm_attr.store import Store
+
+    st = Store(str(tmp_path / "s.db"))
+    job = {"job_id": "123", "slurm_job_id": "123", "state": "FAILED"}
+    st.save(job, Verdict(job_id="123", cause="gpu_hardware", summary="Xid 79 on n2", culprit_nodes=["n2"]),
+            bundle_path=str(tmp_path / "bundles" / "123"))
+    assert st.earlier_attempts("123") == []
+    st.save(job, Verdict(job_id="123", cause="none", summary="completed"), bundle_path=str(tmp_path / "bundles" / "123.r1"))
+    st.save(job, Verdict(job_id="123", cause="none", summary="completed"), bundle_path=str(tmp_path / "bundles" / "123.r1"))
+    earlier = st.earlier_attempts("123")
+    assert [(e["bundle_key"], e["cause"], e["culprit_nodes"]) for e in earlier] == [("123", "gpu_hardware", ["n2"])]
+    assert st.verdict("123").cause == "none"
+    st.save(job, Verdict(job_id="123", cause="gpu_hardware", summary="again"), bundle_path=str(tmp_path / "bundles" / "123"))
+    assert [e["bundle_key"] for e in st.earlier_attempts("123")] == ["123.r1"]

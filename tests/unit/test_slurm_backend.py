@@ -101,6 +101,10 @@ class RecordingCli(CliSlurm):
         self.calls.append(("show_node", node))
         return {"NodeName": node, "State": "IDLE"}
 
+    def alloc_tres(self, raw_ids):
+        self.calls.append(("alloc_tres", tuple(raw_ids)))
+        return {j: "cpu=4,gres/gpu=2,node=1" for j in raw_ids}
+
 
 def backend():
     cli = RecordingCli()
@@ -232,6 +236,7 @@ def test_sacct_job_and_comments_through_db_jobs():
     FakeJobs.rows = [finished_job(41), finished_job(42, comment=None), finished_job(57, array_id=55, array_task_id=2)]
     assert b.sacct_job("41")["State"] == "FAILED"
     assert b.sacct_job("999") is None
+    cli.calls.clear()
     got = b.job_comments(["41", "42", "999", "55_2"], "Comment")
     assert got == {"41": "Mixed Case; SATTR1: none - ok", "42": "", "999": None,
                    "55_2": "Mixed Case; SATTR1: none - ok"}
@@ -353,3 +358,14 @@ def test_pyslurm_extra_is_honest():
     with open(os.path.join(os.path.dirname(__file__), "..", "..", "pyproject.toml"), "rb") as f:
         extra = tomllib.load(f)["project"]["optional-dependencies"]["pyslurm"]
     assert len(extra) == 1 and re.fullmatch(r"pyslurm==\d+\.\d+\.\*", extra[0]), extra
+
+
+def test_finished_jobs_rows_get_alloc_tres_from_the_cli_once_per_batch():
+    """pyslurm's db.Job holds the TRES as ids only: the GPUs (fleet's GPU-hours) come from one
+    `sacct -o JobIDRaw,AllocTRES` for the batch's finished jobs, none for a running one."""
+    b, cli = backend()
+    FakeJobs.rows = [finished_job(41), finished_job(42), finished_job(43, state="RUNNING")]
+    rows = b.sacct_jobs(["41", "42", "43"])
+    assert rows["41"]["AllocTRES"] == rows["42"]["AllocTRES"] == "cpu=4,gres/gpu=2,node=1"
+    assert rows["43"]["AllocTRES"] == ""
+    assert cli.calls == [("alloc_tres", ("41", "42"))]

@@ -11,7 +11,7 @@ LIBEXEC ?= $(PREFIX)/libexec/slurm-attr
 PYTEST_ARGS ?= -ra
 
 .PHONY: all deps deps-apt spank install uninstall test test-native test-unit test-integration test-versions check-fresh demo \
-	cluster-up cluster-down bench bench-cluster docs clean
+	cluster-up cluster-down bench bench-cluster docs screenshots clean
 
 all: spank
 
@@ -106,6 +106,14 @@ bench-cluster: cluster-up
 
 docs: deps
 	$(VENV)/bin/sattr rules list --format markdown > docs/rules.md
+
+# The README's pictures of the fleet report and the dashboard, taken by the tests that render
+# them (headless Chromium; the dashboard's panels from the test cluster's real Prometheus).
+screenshots: deps spank
+	bash cluster/testcluster.sh up
+	SATTR_SCREENSHOTS=$(CURDIR)/docs/img $(PY) -m pytest tests/unit/test_fleet_html.py -k chromium $(PYTEST_ARGS)
+	flock /var/lock/sattr-cluster.lock env SATTR_SCREENSHOTS=$(CURDIR)/docs/img \
+		$(PY) -m pytest tests/integration/test_fleet_prometheus.py -m cluster $(PYTEST_ARGS)
 
 # Issue 11's soak: 200 jobs ending while the database is locked 30 s, slurmdbd stopped 60 s and
 # the spool full (not in the default run: it takes many minutes). SATTR_SOAK_JOBS=N for fewer.

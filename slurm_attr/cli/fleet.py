@@ -74,6 +74,10 @@ def node_report(store: Store, since: float | None, slurm_nodes: list[dict[str, A
     return out
 
 
+def _gpu_hours(v: float) -> str:
+    return "-" if not v else f"{v:.1f}" if v >= 10 else f"{v:.3g}"
+
+
 def _slurm_nodes(cfg: Any) -> tuple[list[dict[str, Any]] | None, str | None]:
     try:
         return default_backend(cfg.paths.slurm_bin, cfg.paths.slurm_conf, backend=cfg.slurm.backend).nodes(), None
@@ -117,7 +121,7 @@ def nodes(ctx: click.Context, since: str, as_json: bool) -> None:
         state = e["state"] or "?"
         if e["reason"]:
             state += f" ({e['reason']})"
-        rows.append(cells(e["node"], e["jobs"], culprit, f"{e['gpu_hours_lost']:.1f}" if e["gpu_hours_lost"] else "-",
+        rows.append(cells(e["node"], e["jobs"], culprit, _gpu_hours(e["gpu_hours_lost"]),
                           f"{e['hardware_symptoms']} in {e['hardware_jobs']} jobs" if e["hardware_symptoms"] else "-",
                           "yes" if e["recurring"] else "-", state))
         for g in e["gpus"]:

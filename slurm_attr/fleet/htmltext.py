@@ -68,7 +68,17 @@ def count(x: Any, places: int = 0) -> str:
 
 
 def hours(x: Any) -> str:
-    return count(x, 1)
+    """GPU-hours (or seconds) with the digits that matter: one decimal from 10 on, two from 0.1,
+    else three significant (a short test job's 0.0056 is not "0.0")."""
+    if x is None or isinstance(x, bool):
+        return "-"
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return esc(x, 40)
+    if v == 0 or abs(v) >= 10:
+        return f"{v:.1f}"
+    return f"{v:.2f}" if abs(v) >= 0.1 else f"{v:.3g}"
 
 
 def age(s: Any) -> str:

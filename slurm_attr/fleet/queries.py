@@ -16,6 +16,7 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
+from ..diag import RECURRENCE_SYMPTOMS
 from ..slurmstate import BLOCK_BREAKER
 from ..store import Store
 
@@ -65,6 +66,13 @@ def node_jobs(store: Store, since: float | None = None) -> dict[str, int]:
         "where f.analyzed_at >= ? and json_valid(j.nodes) group by 1", [since_bound(since)])}
 
 
+# Trusted hardware symptoms that are not a kernel event of their own: a drain reason read back
+# from Slurm (the fast path's, standing in for the event it drained on) and a recurrence found in
+# the store's history. Counting them would count one Xid two or three times.
+_DERIVED = ("rule_id not like 'sattr.%' and rule_id not in ("
+            + ", ".join(f"'{r}'" for r in sorted(RECURRENCE_SYMPTOMS)) + ")")
+
+
 def hardware_events(store: Store, since: float | None = None) -> list[dict[str, Any]]:
     """Distinct trusted hardware events per node, GPU and rule: one per event time, however
     many jobs (or re-analyses) read the same kernel line; an event without a time counts once
@@ -74,7 +82,7 @@ def hardware_events(store: Store, since: float | None = None) -> list[dict[str, 
     return [dict(r) for r in store.db.query(
         "select node, coalesce(gpu, '-') as gpu, rule_id as event, count(distinct coalesce(time, job_id)) as events, "
         "count(distinct job_id) as jobs from symptoms "
-        f"where trusted = 1 and node is not null and cause in ({marks}) and seen_at >= ? group by 1, 2, 3",
+        f"where trusted = 1 and node is not null and cause in ({marks}) and {_DERIVED} and seen_at >= ? group by 1, 2, 3",
         [*causes, since_bound(since)])]
 
 
@@ -85,7 +93,7 @@ def hardware_event_rows(store: Store, since: float | None = None, limit: int = 2
     return [dict(r) for r in store.db.query(
         "select node, coalesce(gpu, '-') as gpu, rule_id as event, time, min(summary) as summary, "
         "json_group_array(distinct job_id) as jobs from symptoms "
-        f"where trusted = 1 and node is not null and cause in ({marks}) and seen_at >= ? "
+        f"where trusted = 1 and node is not null and cause in ({marks}) and {_DERIVED} and seen_at >= ? "
         "group by 1, 2, 3, coalesce(time, job_id) order by max(seen_at) desc limit ?",
         [*causes, since_bound(since), limit])]
 

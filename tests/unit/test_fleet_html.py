@@ -2,13 +2,7 @@
 and, in headless Chromium, a page that renders from a real store's report."""
 from __future__ import annotations
 
-import os
-import shutil
-import struct
-import subprocess
-import tempfile
 import time
-import zlib
 from datetime import datetime, timezone
 from html.parser import HTMLParser
 from pathlib import Path
@@ -17,9 +11,9 @@ from typing import Any
 import pytest
 
 from slurm_attr.fleet.html import MAX_EXAMPLES, MAX_TIMELINE_NODES, MAX_TIMELINE_ROWS, render_fleet_html
+from slurm_attr.fleet.htmltext import hours
 from slurm_attr.jobtext import block
-
-CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
+from screenshots import CHROMIUM, png_colours, screenshot
 HOSTILE = "<script>alert(1)</script>\u202eevil\x1b[2K\x07 & \"q\" 'a'"
 LONG = "x" * 10_000
 
@@ -129,14 +123,14 @@ def test_numbers_in_data_attributes_equal_the_report() -> None:
     assert parsed.metrics == {
         "jobs": "120", "failed_jobs": "40", "gpu_hours_lost": "123.5", "hardware_events": "4", "drains_applied": "3",
         "drains_blocked": "2", "undrains": "1", "pending_jobs": "2", "pending_oldest_age_s": "2.0 h", "latency_count": "118",
-        "latency_p50_s": "4.2", "latency_p95_s": "31.0"}
+        "latency_p50_s": "4.25", "latency_p95_s": "31.0"}
     assert float(parsed.metrics["gpu_hours_lost"]) == round(t["gpu_hours_lost"], 1)
     causes = {c["data-cause"]: c for c in parsed.where("data-cause")}
     # the report's order; a hostile name comes back with its control characters made visible
     assert list(causes) == [block(c["cause"]) for c in r["causes"]]
     for c in r["causes"]:
         row = causes[block(c["cause"])]
-        assert int(row["data-jobs"]) == c["jobs"] and row["data-gpu-hours"] == f"{c['gpu_hours_lost']:.1f}"
+        assert int(row["data-jobs"]) == c["jobs"] and row["data-gpu-hours"] == hours(c["gpu_hours_lost"])
     nodes = parsed.where("data-node")
     assert [(n["data-node"], int(n["data-jobs"]), int(n["data-hw7d"])) for n in nodes] == \
         [(n["node"], n["jobs"], n["hardware_verdicts_7d"]) for n in r["nodes"]]
@@ -167,7 +161,12 @@ def test_users_only_for_admins() -> None:
     page = render_fleet_html(r)
     assert "<h2>Users</h2>" not in page and "data-user" not in page and "a shared view" in page
     users = parse(render_fleet_html(report(admin=True))).where("data-user")
-    assert [(u["data-user"], u["data-gpu-hours"]) for u in users] == [("alice", "120.0"), (block(HOSTILE), "3.5")]
+    assert [(u["data-user"], u["data-gpu-hours"]) for u in users] == [("alice", "120.0"), (block(HOSTILE), "3.45")]
+
+
+def test_gpu_hours_keep_the_digits_that_matter() -> None:
+    # a short test job's loss is not "0.0"; a big one is not printed to the millihour
+    assert [hours(x) for x in (0, 0.0056, 0.25, 3.456, 123.456, None)] == ["0.0", "0.0056", "0.25", "3.46", "123.5", "-"]
 
 
 def test_empty_report_renders() -> None:
@@ -287,47 +286,6 @@ def _expected(st: Any) -> dict[str, Any]:
     }
 
 
-def png_colours(data: bytes, want: set[tuple[int, int, int]]) -> set[tuple[int, int, int]]:
-    """The RGB colours of a PNG's pixels, decoded with zlib and struct (8-bit RGB or RGBA, not
-    interlaced), reading rows from the top until every colour in ``want`` was seen."""
-    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
-    pos, idat, head = 8, [], None
-    while pos < len(data):
-        n, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        body = data[pos + 8:pos + 8 + n]
-        pos += 12 + n
-        if kind == b"IHDR":
-            head = struct.unpack(">IIBBBBB", body)
-        elif kind == b"IDAT":
-            idat.append(body)
-    assert head is not None
-    width, height, depth, ctype, _comp, _filt, interlace = head
-    assert depth == 8 and ctype in (2, 6) and interlace == 0, head
-    bpp = 3 if ctype == 2 else 4
-    raw, stride = zlib.decompress(b"".join(idat)), width * bpp
-    prev, seen = bytearray(stride), set()
-    for y in range(height):
-        f, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
-        for i in range(stride) if f else ():  # PNG's filters undone (RFC 2083 6.3-6.6)
-            a = line[i - bpp] if i >= bpp else 0
-            b, c = prev[i], prev[i - bpp] if i >= bpp else 0
-            if f == 1:
-                line[i] = (line[i] + a) & 255
-            elif f == 2:
-                line[i] = (line[i] + b) & 255
-            elif f == 3:
-                line[i] = (line[i] + (a + b) // 2) & 255
-            elif f == 4:
-                p = a + b - c
-                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
-                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
-        seen.update(zip(line[0::bpp], line[1::bpp], line[2::bpp]))
-        prev = line
-        if want <= seen:
-            break
-    return seen
-
-
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed: cannot render the fleet report headless")
 def test_report_of_a_real_store_renders_in_chromium(tmp_path: Path) -> None:
     from slurm_attr.fleet.facts import fleet_report
@@ -338,15 +296,7 @@ def test_report_of_a_real_store_renders_in_chromium(tmp_path: Path) -> None:
     out = tmp_path / "fleet.html"
     out.write_text(page, encoding="utf-8")
     png = tmp_path / "fleet.png"
-    with tempfile.TemporaryDirectory() as profile:
-        proc = subprocess.run([CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                               "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                               "--no-first-run", f"--user-data-dir={profile}", f"--screenshot={png}", "--window-size=1280,2000",
-                               out.as_uri()], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and png.exists(), proc.stderr[-2000:]
-    if os.environ.get("SATTR_SCREENSHOTS"):
-        os.makedirs(os.environ["SATTR_SCREENSHOTS"], exist_ok=True)
-        shutil.copy(png, os.path.join(os.environ["SATTR_SCREENSHOTS"], "fleet-report.png"))
+    screenshot(out, png, "1280,2000", keep_as="fleet-report-unit.png")
     red = (0xB2, 0x18, 0x2B)  # the gpu_hardware bar (hardware's first shade): the SVG chart was drawn
     colours = png_colours(png.read_bytes(), {(255, 255, 255), red})
     assert len(colours) > 2 and (255, 255, 255) in colours, "the screenshot is blank"

@@ -119,6 +119,19 @@ def test_metrics_equal_what_went_into_the_store(st):
             assert not {"job", "job_id", "user", "uid"} & set(s.labels), s
 
 
+def test_derived_hardware_symptoms_are_not_events_of_their_own():
+    """The fast path's drain reason read back and the history's recurrence stand beside the
+    kernel line they come from: one event, not three. Near miss: a second, later Xid is two."""
+    s = Store(memory=True)
+    derived = [Symptom(id=i, cause="gpu_hardware", trusted=True, node="n1", gpu=PCI, time="2026-12-02T10:00:00+00:00")
+               for i in ("sattr.fast_path_drain", "gpu.xid_recurrent")]
+    _save(s, "7", "gpu_hardware", culprits=["n1"], symptoms=[_xid("n1", "2026-12-02T10:00:00+00:00"), *derived])
+    fams = _families(metrics.render_text(s, "c"))
+    assert [x.value for x in fams["sattr_hardware_events"]] == [1]
+    _save(s, "8", "gpu_hardware", culprits=["n1"], symptoms=[_xid("n1", "2026-12-02T11:00:00+00:00"), *derived])
+    assert [x.value for x in _families(metrics.render_text(s, "c"))["sattr_hardware_events"]] == [2]
+
+
 def test_lemon_gauge_counts_only_the_window(st):
     week = 7 * 86400
     now = time.time()

@@ -48,6 +48,10 @@ def node_report(store: Store, since: float | None, slurm_nodes: list[dict[str, A
         e["hardware_jobs"].add(r["job_id"])
         g = e["gpus"].setdefault(r["gpu"] or "-", {})
         g.setdefault(r["rule_id"], set()).add(r["job_id"])
+    saved = queries.live_saved_by_node(store, since)
+    for node, h in saved.items():
+        if node != "-":
+            entry(node)
     for rec in slurm_nodes or []:
         st = NodeState.from_record(rec)
         if not st.name:
@@ -65,6 +69,8 @@ def node_report(store: Store, since: float | None, slurm_nodes: list[dict[str, A
         out.append({
             "node": e["node"], "jobs": e["jobs"], "culprit_of": dict(sorted(e["culprit_of"].items())),
             "gpu_hours_lost": round(e["gpu_hours_lost"], 3),
+            # GPU-hours the live watcher's cancels of hung jobs on the node spared (issue 26)
+            "gpu_hours_saved": round(saved.get(e["node"], 0.0), 3),
             "hardware_symptoms": e["hardware_symptoms"], "hardware_jobs": len(e["hardware_jobs"]), "gpus": gpus,
             "recurring": any(g["recurring"] for g in gpus) or len(e["hardware_jobs"]) > 1,
             "state": e["state"], "reason": e["reason"], "drained_by_us": bool(e.get("drained_by_us")),
@@ -91,8 +97,8 @@ def _slurm_nodes(cfg: Any) -> tuple[list[dict[str, Any]] | None, str | None]:
 @click.pass_context
 @handle_errors
 def nodes(ctx: click.Context, since: str, as_json: bool) -> None:
-    """Per node and GPU: verdicts, GPU-hours lost, hardware symptoms, recurrence and drain
-    state, worst first.
+    """Per node and GPU: verdicts, GPU-hours lost (and spared by live cancels), hardware
+    symptoms, recurrence and drain state, worst first.
 
     A GPU whose symptom recurs across jobs is a lemon candidate. GPU-hours lost: allocated
     GPUs x elapsed hours of the failed jobs that named the node as culprit (shared among a
@@ -121,13 +127,14 @@ def nodes(ctx: click.Context, since: str, as_json: bool) -> None:
         state = e["state"] or "?"
         if e["reason"]:
             state += f" ({e['reason']})"
-        rows.append(cells(e["node"], e["jobs"], culprit, _gpu_hours(e["gpu_hours_lost"]),
+        rows.append(cells(e["node"], e["jobs"], culprit, _gpu_hours(e["gpu_hours_lost"]), _gpu_hours(e["gpu_hours_saved"]),
                           f"{e['hardware_symptoms']} in {e['hardware_jobs']} jobs" if e["hardware_symptoms"] else "-",
                           "yes" if e["recurring"] else "-", state))
         for g in e["gpus"]:
             syms = ", ".join(f"{r} x{n}" for r, n in g["symptoms"].items())
-            rows.append(cells(f"  gpu {g['gpu']}", "", "", "", syms, ", ".join(g["recurring"]) or "-", ""))
-    click.echo(text_table(rows, ["NODE", "JOBS", "CULPRIT OF", "GPU-H LOST", "HARDWARE SYMPTOMS", "RECURRING", "STATE"]))
+            rows.append(cells(f"  gpu {g['gpu']}", "", "", "", "", syms, ", ".join(g["recurring"]) or "-", ""))
+    click.echo(text_table(rows, ["NODE", "JOBS", "CULPRIT OF", "GPU-H LOST", "GPU-H SAVED", "HARDWARE SYMPTOMS", "RECURRING",
+                                 "STATE"]))
 
 
 @main.command()

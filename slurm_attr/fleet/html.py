@@ -50,10 +50,11 @@ def _header(report: dict[str, Any]) -> list[str]:
     totals = report.get("totals") or {}
     names = [("jobs", "jobs analysed"), ("failed_jobs", "failed jobs"), ("gpu_hours_lost", "GPU-hours lost"),
              ("hardware_events", "hardware events"), ("drains_applied", "drains applied"),
-             ("drains_blocked", "drains blocked"), ("undrains", "undrains")]
+             ("drains_blocked", "drains blocked"), ("undrains", "undrains"),
+             ("gpu_hours_saved", "GPU-hours spared by live cancels")]
     out.append('<table class="totals"><thead><tr>' + "".join(f"<th>{label}</th>" for _k, label in names)
                + "</tr></thead><tbody><tr>"
-               + "".join(f'<td data-metric="{k}">{(hours if k == "gpu_hours_lost" else count)(totals.get(k))}</td>' for k, _label in names) + "</tr></tbody></table>")
+               + "".join(f'<td data-metric="{k}">{(hours if k.startswith("gpu_hours") else count)(totals.get(k))}</td>' for k, _label in names) + "</tr></tbody></table>")
     return out
 
 

@@ -137,7 +137,7 @@ class StoreCollector(Collector):
         cum, count, total = queries.latency_histogram(st, ANALYSIS_BUCKETS)
         yield _hist("sattr_analysis_latency_seconds", "Job end to its first verdict stored.", c,
                     ANALYSIS_BUCKETS, cum, count, total)
-        classes, lat = queries.live_findings(st)
+        classes, lat, saved = queries.live_findings(st)
         lf = CounterMetricFamily("sattr_live_findings", "Live-watcher findings in stored verdicts, by class.",
                                  labels=["cluster", "class"])
         for cls, n in sorted(classes.items()):
@@ -145,6 +145,11 @@ class StoreCollector(Collector):
         yield lf
         yield _hist("sattr_live_detection_latency_seconds", "A hang's start to the watcher's finding.", c,
                     LIVE_BUCKETS, [sum(1 for x in lat if x <= b) for b in LIVE_BUCKETS], len(lat), sum(lat))
+        sv = CounterMetricFamily("sattr_live_saved_gpu_seconds",
+                                 "GPU-seconds the live watcher's cancels of hung jobs spared (GPUs x time left).",
+                                 labels=["cluster"])
+        sv.add_metric([c], round(saved * 60.0, 3))
+        yield sv
 
 
 def cluster_name(cfg: Config) -> str:

@@ -178,11 +178,13 @@ def latency_quantiles(store: Store, qs: tuple[float, ...], since: float | None =
     return out
 
 
-def live_findings(store: Store) -> tuple[dict[str, int], list[float]]:
-    """({class: findings in stored verdicts}, [detection latencies in s]): a hang's latency runs
-    from when its ranks began waiting to when the watcher recorded it."""
+def live_findings(store: Store) -> tuple[dict[str, int], list[float], float]:
+    """({class: findings in stored verdicts}, [detection latencies in s], GPU-minutes the
+    watcher's cancels spared): a hang's latency runs from when its ranks began waiting to when
+    the watcher recorded it."""
     classes: dict[str, int] = {}
     lat: list[float] = []
+    saved = 0.0
     marks = ",".join("?" * len(LIVE_IDS))
     for r in store.db.query(f"select rule_id, time, fields_json from symptoms where rule_id in ({marks})", list(LIVE_IDS)):
         try:
@@ -196,7 +198,18 @@ def live_findings(store: Store) -> tuple[dict[str, int], list[float]]:
         began, seen = _epoch(fields.get("waiting_since")), _epoch(r["time"])
         if began is not None and seen is not None and seen >= began:
             lat.append(seen - began)
-    return classes, lat
+        spared = fields.get("gpu_minutes_saved")
+        if isinstance(spared, (int, float)) and not isinstance(spared, bool) and 0 <= spared < 1e9:
+            saved += float(spared)
+    return classes, lat, saved
+
+
+def live_saved_by_node(store: Store, since: float | None = None) -> dict[str, float]:
+    """{node named by the finding: GPU-hours its live cancels spared} (a finding without a node: '-')."""
+    return {r["node"]: float(r["h"]) for r in store.db.query(
+        "select coalesce(node, '-') as node, sum(json_extract(fields_json, '$.gpu_minutes_saved')) / 60.0 as h "
+        "from symptoms where rule_id = 'live.hang' and seen_at >= ? and json_valid(fields_json) "
+        "and json_extract(fields_json, '$.gpu_minutes_saved') is not null group by 1", [since_bound(since)])}
 
 
 def comment_counts(store: Store) -> list[dict[str, Any]]:

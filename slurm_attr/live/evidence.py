@@ -8,6 +8,8 @@ killed at its time limit otherwise cannot tell.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from ..bundle import Bundle
 from ..config import Config
 from ..model import Coverage, Evidence, Symptom
@@ -55,7 +57,18 @@ def analyze(bundle: Bundle, cfg: Config) -> tuple[list[Symptom], list[Coverage]]
             time=f.get("detected") if isinstance(f.get("detected"), str) else None, action="none",
             summary=line, fields={"class": f.get("class"), "ranks": ranks[:64], "nodes": nodes[:64],
                                   "comm": f.get("comm"), "waiting_since": f.get("waiting_since"),
-                                  "quiet_s": f.get("quiet_s"), "stacks": at[:16]},
+                                  "quiet_s": f.get("quiet_s"), "stacks": at[:16],
+                                  "gpu_minutes_saved": saved_gpu_minutes(f)},
             evidence=[Evidence(source=SOURCE, path=f"{store.LIVE}/{job}/{findings.name(str(f.get('step', '?')))}", text=line)]))
     cov = doc.get("coverage") if isinstance(doc.get("coverage"), str) else ""
     return out, [Coverage(source=SOURCE, status="ok", detail=f"live watch: {cov[:300]}")] + prekill_cov
+
+
+def saved_gpu_minutes(f: dict[str, Any]) -> float | None:
+    """GPU-minutes the watcher's cancel spared (the job's GPUs x its time left), when it
+    cancelled; the fleet view sums them (fleet/queries.py)."""
+    c = f.get("cancel")
+    if not isinstance(c, dict) or c.get("done") is not True:
+        return None
+    v = c.get("gpu_minutes_saved")
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1e9 else None

@@ -100,11 +100,11 @@ def _wait_finding(cluster, job: str, want, timeout: float = 120) -> dict | None:
     return None
 
 
-def _until_cancel_settled(cluster, scenario: str, hang_ms: int, ras_addr: str):
+def _until_cancel_settled(cluster, scenario: str, hang_ms: int, ras_addr: str, opts: tuple[str, ...] = ()):
     """A harness job with on_hang = cancel: (job, nodes, the finding once its cancel is settled
     or None, the job's final state)."""
     with cluster.settings(live={"on_hang": "cancel", "ras_addr": ras_addr}):
-        job = _harness_job(cluster, scenario, hang_ms=hang_ms)
+        job = _harness_job(cluster, scenario, hang_ms=hang_ms, opts=opts)
         try:
             host, nodes = cluster.job_nodes(job, timeout=90)
             f = _wait_finding(cluster, job, lambda f: isinstance(f.get("cancel"), dict))
@@ -122,8 +122,10 @@ def test_plugin_watchers_cancel_a_hang_the_probe_and_ras_agree_on(cluster):
     """nonentry: rank 3 (node 0) never launches AllReduce #300. The plugin's watchers find H1,
     the leader asks RAS, which names the world communicator frozen, and scancels the job."""
     ras = RasServer([_ras_report(3, 300)])
-    try:
-        job, nodes, f, state = _until_cancel_settled(cluster, "nonentry", 60000, f"127.0.0.1:{ras.port}")
+    before = _saved_by_node(cluster)
+    try:  # 2 GPUs per node (the test cluster's Gres=gpu:2): the cancel spares 4 GPUs' time left
+        job, nodes, f, state = _until_cancel_settled(cluster, "nonentry", 60000, f"127.0.0.1:{ras.port}",
+                                                     opts=("--gres=gpu:2",))
     finally:
         ras.close()
     assert f is not None, f"no settled finding for job {job}: {findings.load(config_mod.load(str(cluster.config_path)).paths.spool, job)}"
@@ -136,9 +138,20 @@ def test_plugin_watchers_cancel_a_hang_the_probe_and_ras_agree_on(cluster):
     out = cluster.sattr("live", job, check=True).stdout
     assert "never entered AllReduce #300" in out and f"  cancelled {job}: NCCL RAS" in out, out
     end = cluster.sacct(job, "End")["End"]
+    # what the early cancel spared (issue 26): 4 GPUs x the ~5 min limit's rest, in the finding,
+    # then summed per node by `sattr nodes` once the verdict is stored
+    assert c["gpus"] == 4 and 4 * 2 < c["gpu_minutes_saved"] <= 4 * 5, c  # more than 2 of the 5 minutes left
+    cluster.verdict(job)
+    after = _saved_by_node(cluster)
+    assert abs(after.get(nodes[0], 0.0) - before.get(nodes[0], 0.0) - c["gpu_minutes_saved"] / 60) < 0.01, (before, after)
     print(f"\nplugin watchers, nonentry: H1 rank 3 on {nodes[0]} {_latency(f):.2f} s after the stall "
           f"(hang_after_s = {HANG_AFTER_S}); cancelled (probe + RAS), job end {end}; "
-          f"{c.get('gpu_minutes_saved')} GPU-minutes saved on this GPU-less cluster")
+          f"{c['gpu_minutes_saved']} GPU-minutes spared (4 pretend GPUs)")
+
+
+def _saved_by_node(cluster) -> dict[str, float]:
+    nodes = json.loads(cluster.sattr("nodes", "--since", "30d", "--json", check=True).stdout)
+    return {n["node"]: n["gpu_hours_saved"] for n in nodes}
 
 
 def test_plugin_watchers_withhold_the_cancel_on_the_probe_alone(cluster):

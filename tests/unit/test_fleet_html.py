@@ -123,7 +123,7 @@ def test_numbers_in_data_attributes_equal_the_report() -> None:
     assert parsed.metrics == {
         "jobs": "120", "failed_jobs": "40", "gpu_hours_lost": "123.5", "hardware_events": "4", "drains_applied": "3",
         "drains_blocked": "2", "undrains": "1", "pending_jobs": "2", "pending_oldest_age_s": "2.0 h", "latency_count": "118",
-        "latency_p50_s": "4.25", "latency_p95_s": "31.0"}
+        "latency_p50_s": "4.25", "latency_p95_s": "31.0", "gpu_hours_saved": "-"}
     assert float(parsed.metrics["gpu_hours_lost"]) == round(t["gpu_hours_lost"], 1)
     causes = {c["data-cause"]: c for c in parsed.where("data-cause")}
     # the report's order; a hostile name comes back with its control characters made visible

@@ -165,6 +165,29 @@ def test_reanalysis_keeps_the_first_latency(st):
     assert st.db.execute("select latency_s, cause from fleet where job_id = '1'").fetchone() == (12.5, "nvlink")
 
 
+def test_gpu_time_spared_by_live_cancels_is_summed():
+    """A hang the watcher cancelled spared its GPUs' time left (prekill.py's gpu_minutes_saved):
+    summed per node and in the metrics. Near misses: a cancel that was withheld or refused,
+    and a hostile number, spare nothing."""
+    from slurm_attr.live.evidence import saved_gpu_minutes as saved_of
+
+    assert saved_of({"cancel": {"done": True, "gpu_minutes_saved": 80.0}}) == 80.0
+    assert saved_of({"cancel": {"done": False, "gpu_minutes_saved": 80.0}}) is None
+    assert saved_of({"cancel": {"done": True, "gpu_minutes_saved": "1e99"}}) is None
+    assert saved_of({"cancel": {"done": True, "gpu_minutes_saved": True}}) is None
+    assert saved_of({}) is None
+    s = Store(memory=True)
+    hang = Symptom(id="live.hang", cause="rank_stuck", node="n2", fields={"class": "H1", "gpu_minutes_saved": 90.0})
+    other = Symptom(id="live.hang", cause="rank_stuck", node="n3", fields={"class": "H2", "gpu_minutes_saved": None})
+    _save(s, "11", "rank_stuck", symptoms=[hang, other])
+    fams = _families(metrics.render_text(s, "c"))
+    assert _value(fams, "sattr_live_saved_gpu_seconds", "sattr_live_saved_gpu_seconds_total") == 90.0 * 60
+    assert queries.live_saved_by_node(s) == {"n2": 1.5}
+    assert facts.fleet_report(s, None, cluster="c")["totals"]["gpu_hours_saved"] == 1.5
+    empty = _families(metrics.render_text(Store(memory=True), "c"))
+    assert _value(empty, "sattr_live_saved_gpu_seconds", "sattr_live_saved_gpu_seconds_total") == 0
+
+
 def test_live_findings_and_detection_latency():
     s = Store(memory=True)
     hang = Symptom(id="live.hang", cause="rank_stuck", node="n1", time="2026-12-01T10:01:30+00:00",
@@ -274,7 +297,7 @@ def test_schema_3_store_is_migrated(tmp_path):
 def test_fleet_report_data(st):
     data = facts.fleet_report(st, None, cluster="c1", pending=(2, time.time() - 30))
     assert data["totals"] == {"jobs": 6, "failed_jobs": 5, "gpu_hours_lost": 15.0, "hardware_events": 2,
-                              "drains_applied": 1, "drains_blocked": 1, "undrains": 1}
+                              "drains_applied": 1, "drains_blocked": 1, "undrains": 1, "gpu_hours_saved": 0.0}
     top = data["causes"][0]
     assert (top["cause"], top["jobs"], top["gpu_hours_lost"]) == ("gpu_hardware", 3, 14.0)
     assert [e["job_id"] for e in top["examples"]] == ["1", "3", "2"]  # costliest first

@@ -33,6 +33,8 @@ from slurm_attr.fleet.html import render_fleet_html
 from slurm_attr.fleet.metrics import render_text
 from slurm_attr.store import Store
 
+import fleetdata  # beside this file (a script's directory is on sys.path)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 
@@ -82,10 +84,7 @@ def timed(fn, repeat: int) -> tuple[list[float], object]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--verdicts", type=int, default=100_000)
-    ap.add_argument("--nodes", type=int, default=500)
-    ap.add_argument("--days", type=int, default=30)
-    ap.add_argument("--seed", type=int, default=1)
+    fleetdata.store_args(ap)
     ap.add_argument("--repeat", type=int, default=5)
     a = ap.parse_args()
     # Built (when not cached) in a child: the build holds every row in memory, and the memory

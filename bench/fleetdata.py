@@ -325,12 +325,17 @@ def ensure(verdicts: int = 100_000, nodes: int = 500, days: int = 30, seed: int 
     return info
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def store_args(ap: argparse.ArgumentParser) -> None:
+    """The synthetic store's parameters (this file's main and bench_fleet.py)."""
     ap.add_argument("--verdicts", type=int, default=100_000)
     ap.add_argument("--nodes", type=int, default=500)
     ap.add_argument("--days", type=int, default=30)
     ap.add_argument("--seed", type=int, default=1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    store_args(ap)
     ap.add_argument("--quiet", action="store_true", help="print only the database's path (the build's notes go to stderr)")
     a = ap.parse_args()
     info = ensure(a.verdicts, a.nodes, a.days, a.seed, log=lambda m: print(m, file=sys.stderr, flush=True))

@@ -281,7 +281,8 @@ class Slurm:
 class Metrics:
     """The fleet view's Prometheus metrics (docs/metrics.md)."""
     # node_exporter textfile the controller's analysis worker rewrites (atomically) after the
-    # verdicts it stores, e.g. /var/lib/prometheus/node-exporter/sattr.prom; "" = not written.
+    # verdicts it stores (at most every 5 s, and once its queue is drained),
+    # e.g. /var/lib/prometheus/node-exporter/sattr.prom; "" = not written.
     textfile: str = ""
     # The `cluster` label; "" = slurm.conf's ClusterName.
     cluster: str = ""

@@ -33,12 +33,8 @@ def node_report(store: Store, since: float | None, slurm_nodes: list[dict[str, A
         return nodes.setdefault(n, {"node": n, "jobs": 0, "culprit_of": {}, "gpu_hours_lost": 0.0, "hardware_symptoms": 0,
                                     "hardware_jobs": set(), "gpus": {}, "state": None, "reason": None})
 
-    for node, n in queries.node_jobs(store, since).items():
-        entry(node)["jobs"] = n
-    for r in queries.node_verdicts(store, since):
-        e = entry(r["node"])
-        e["culprit_of"][r["cause"]] = e["culprit_of"].get(r["cause"], 0) + int(r["verdicts"])
-        e["gpu_hours_lost"] += float(r["gpu_hours"] or 0.0)
+    for node, c in queries.node_culprits(store, since).items():
+        entry(node).update(c)
     for r in store.db.query("select node, gpu, rule_id, cause, job_id from symptoms where trusted = 1 and node is not null "
                             "and seen_at >= ?", [since]):
         if r["cause"] not in hardware:
@@ -148,7 +144,7 @@ def metrics(ctx: click.Context, listen: str | None, textfile: str | None) -> Non
 
     Without options: printed. --textfile: for node_exporter's textfile collector (a timer
     every minute keeps the pending queue's age fresh between verdicts; the analysis workers
-    rewrite [metrics] textfile after each batch of verdicts). --listen: a direct scrape,
+    rewrite [metrics] textfile after their verdicts, at most every 5 s). --listen: a direct scrape,
     each one read from the store. Admins only.
 
     Example:

@@ -138,12 +138,8 @@ def _nodes(store: Store, since: float | None, now: float, slurm_nodes: list[dict
                                     "hardware_events": 0, "gpu_hours_lost": 0.0, "lemon": False, "state": None,
                                     "reason": None, "drained_by_us": False, "timeline": [], "gpus": []})
 
-    for node, n in queries.node_jobs(store, since).items():
-        entry(node)["jobs"] = n
-    for r in queries.node_verdicts(store, since):
-        e = entry(r["node"])
-        e["culprit_of"][r["cause"]] = e["culprit_of"].get(r["cause"], 0) + int(r["verdicts"])
-        e["gpu_hours_lost"] += float(r["gpu_hours"] or 0.0)
+    for node, c in queries.node_culprits(store, since).items():
+        entry(node).update(c)
     for node, n in queries.node_hardware_recent(store, now, LEMON_WINDOW_S).items():
         e = entry(node)
         e["hardware_verdicts_7d"], e["lemon"] = n, n >= lemon_verdicts

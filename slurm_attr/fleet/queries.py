@@ -98,6 +98,23 @@ def hardware_event_rows(store: Store, since: float | None = None, limit: int = 2
         [*causes, since_bound(since), limit])]
 
 
+def node_culprits(store: Store, since: float | None = None) -> dict[str, dict[str, Any]]:
+    """{node: {"jobs": analysed jobs on it, "culprit_of": {cause: verdicts naming it},
+    "gpu_hours_lost": what those failed jobs cost, shared among their culprits}}."""
+    out: dict[str, dict[str, Any]] = {}
+
+    def entry(n: str) -> dict[str, Any]:
+        return out.setdefault(n, {"jobs": 0, "culprit_of": {}, "gpu_hours_lost": 0.0})
+
+    for node, n in node_jobs(store, since).items():
+        entry(node)["jobs"] = n
+    for r in node_verdicts(store, since):
+        e = entry(r["node"])
+        e["culprit_of"][r["cause"]] = e["culprit_of"].get(r["cause"], 0) + int(r["verdicts"])
+        e["gpu_hours_lost"] += float(r["gpu_hours"] or 0.0)
+    return out
+
+
 def node_hardware_recent(store: Store, now: float, window_s: float = 7 * 86400) -> dict[str, int]:
     """{node: hardware verdicts naming it analysed in the window} for every node that was
     ever a hardware culprit (0 outside the window: the series stays, at zero)."""
@@ -106,33 +123,30 @@ def node_hardware_recent(store: Store, now: float, window_s: float = 7 * 86400) 
         "where f.domain = 'hardware' and f.culprit_nodes != '[]' group by 1", [now - window_s])}
 
 
+def _held_back(store: Store, since: float | None) -> list[tuple[str, int]]:
+    """(why, distinct job and node) of the drains the policy wanted and did not carry out."""
+    rows = store.db.query(
+        "select blocked_by, count(*) as n from (select distinct job_id, node, blocked_by from actions "
+        "where applied = 0 and kind in ('drain', 'reboot') and decided_at >= ?) group by 1", [since_bound(since)])
+    return [(why, int(r["n"])) for r in rows if (why := str(r["blocked_by"] or "")) not in NOT_BLOCKED]
+
+
 def drain_outcomes(store: Store, since: float | None = None) -> dict[str, int]:
     """Automatic drains carried out (the ledger) and held back (distinct job and node)."""
     out = dict.fromkeys(OUTCOMES, 0)
     out["applied"] = int(next(store.db.query(
         "select count(*) as n from drain_ledger where status = 'applied' and at >= ?", [since_bound(since)]))["n"])
-    for r in store.db.query(
-            "select blocked_by, count(*) as n from (select distinct job_id, node, blocked_by from actions "
-            "where applied = 0 and kind in ('drain', 'reboot') and decided_at >= ?) group by 1", [since_bound(since)]):
-        why = str(r["blocked_by"] or "")
-        if why in NOT_BLOCKED:
-            continue
-        key = "blocked_breaker" if why == BLOCK_BREAKER else "blocked_dry_run" if why == _DRY_RUN else "blocked_other"
-        out[key] += int(r["n"])
+    for why, n in _held_back(store, since):
+        out["blocked_breaker" if why == BLOCK_BREAKER else "blocked_dry_run" if why == _DRY_RUN else "blocked_other"] += n
     return out
 
 
 def blocked_reasons(store: Store, since: float | None = None) -> dict[str, int]:
     """Held-back drains by their reason's first words (bounded: a Slurm error's text varies)."""
     out: dict[str, int] = {}
-    for r in store.db.query(
-            "select blocked_by, count(*) as n from (select distinct job_id, node, blocked_by from actions "
-            "where applied = 0 and kind in ('drain', 'reboot') and decided_at >= ?) group by 1", [since_bound(since)]):
-        why = str(r["blocked_by"] or "")
-        if why in NOT_BLOCKED:
-            continue
+    for why, n in _held_back(store, since):
         word = why.split(":")[0][:40] or "unknown"
-        out[word] = out.get(word, 0) + int(r["n"])
+        out[word] = out.get(word, 0) + n
     return out
 
 

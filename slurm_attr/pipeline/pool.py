@@ -29,6 +29,7 @@ from ..config import Config
 
 log = logging.getLogger("slurm_attr")
 
+METRICS_STAMP, METRICS_EVERY_S = ".metrics-turn", 5.0  # [metrics] textfile from the batches (_metrics_turn)
 BATCH = 200          # jobs per batch: one sacct call (its id list is bounded at 200 too)
 POLL_S = 0.5         # while the only jobs left wait for node parts or accounting
 SETTLE_S = 10.0      # a job accounting has no final state for yet waits this long after its end
@@ -209,7 +210,7 @@ def work(cfg: Config, fd: int, slurm: Any = None, open_store: Any = None) -> Cou
         if todo:
             done = _batch(cfg, batched, todo, open_store)
             counts.update(done.values())
-            if "stored" in done.values():
+            if "stored" in done.values() and _metrics_turn(cfg):
                 _publish_metrics(cfg, open_store)
             if all(v in ("busy", "settling", "offloaded") for v in done.values()):
                 time.sleep(POLL_S)  # all taken by the other workers, or waiting for accounting
@@ -303,6 +304,20 @@ def _flush(cfg: Config, batched: Any, comments: list[str], open_store: Any) -> N
     except Exception as err:  # noqa: BLE001 - the verdicts are stored; the queue keeps the comments
         log.warning("%d comments left queued: %s", len(comments), err)
     comments.clear()
+
+
+def _metrics_turn(cfg: Config) -> bool:
+    """Whether a batch may rewrite the metrics now: each render reads the whole store (~0.1 s at
+    100,000 verdicts), so a stream of one-job batches rewrites at most every METRICS_EVERY_S
+    (the run's end always does: the file is current once the queue is drained)."""
+    from .. import turns
+
+    if not cfg.metrics.textfile:
+        return False
+    try:
+        return turns.take(cfg.intake.queue_dir, METRICS_STAMP, METRICS_EVERY_S, time.time())
+    except OSError:
+        return True
 
 
 def _publish_metrics(cfg: Config, open_store: Any) -> None:

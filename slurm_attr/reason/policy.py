@@ -24,14 +24,15 @@ from ..errors import RuleError
 
 FILE = "policy.toml"
 GROUPS = frozenset({"hardware", "claim", "rank_level", "echo", "unlocalised", "located", "hang_explained",
-                    "placed_by_peers"})
+                    "placed_by_peers", "own_code"})
 DOMAINS = frozenset({"hardware", "network", "user", "scheduler", "infrastructure", "none", "unknown"})
 _CAUSE_KEYS = frozenset({"domain", "rank", "untrusted", "unconfirmed_path", "cascades", "groups", "why",
                          "yields_to_own_failure", "lost_node_sources", "confirmed_by", "straggler",
                          "earlier_is_alternative", "alternatives", "health", "localised_by"})
 _TOP_KEYS = frozenset({"version", "weak_roots", "no_why", "clean_exit", "clean_exit_unless", "completed",
                        "no_evidence", "hang", "hang_note", "analysers", "clean_exit_alternative", "causes", "cases",
-                       "silent", "suspicions", "drain_beyond_hardware", "restarts", "requeue"})
+                       "silent", "suspicions", "drain_beyond_hardware", "restarts", "requeue",
+                       "collective_borne", "device_raised"})
 _REQUEUE_KEYS = frozenset({"never_domains", "out_of_service", "slurm_removes_node", "cases"})
 _REQUEUE_CASE_KEYS = frozenset({"name", "cause", "trusted", "drains", "nodes_down", "expect"})
 
@@ -77,6 +78,12 @@ class Special:
     drain_beyond_hardware: tuple[str, ...] = ()
     # findings of a restart inside the job (its workers restarted, the job went on)
     restarts: tuple[str, ...] = ()
+    # findings (id prefixes) that the collectives carry from rank to rank (non-finite values an
+    # all-reduce spreads): a fault elsewhere can cause them, though their cause is own_code
+    collective_borne: tuple[str, ...] = ()
+    # exception classes a device or link fault reaches the program as (CUDA and NCCL errors):
+    # an exception of any other class is the program's own, wherever it ran
+    device_raised: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -226,7 +233,9 @@ def _special(data: Mapping[str, Any], causes: Mapping[str, Cause]) -> Special:
                    tuple(sorted(_names(data.get("silent", []), "silent"))),
                    tuple(sorted(_names(data.get("suspicions", []), "suspicions"))),
                    tuple(sorted(_names(data.get("drain_beyond_hardware", []), "drain_beyond_hardware"))),
-                   tuple(sorted(_names(data.get("restarts", []), "restarts"))))
+                   tuple(sorted(_names(data.get("restarts", []), "restarts"))),
+                   tuple(sorted(_names(data.get("collective_borne", []), "collective_borne"))),
+                   _names(data.get("device_raised", []), "device_raised"))
 
 
 def parse(data: Mapping[str, Any]) -> Policy:

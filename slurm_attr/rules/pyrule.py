@@ -119,11 +119,13 @@ class HistoryRule:
 
 @dataclass(frozen=True)
 class RefinerCase:
-    """An inline case of a job refiner: symptoms (made fresh per run), the job, the roles after."""
+    """An inline case of a job refiner: symptoms (made fresh per run), the job, the roles after,
+    and, for refiners that place a symptom, where each is after ("node/rank", "" for nowhere)."""
 
     symptoms: Callable[[], list[Symptom]]
     expect_roles: Sequence[str]
     job: Mapping[str, Any] = field(default_factory=lambda: {"job_id": "100"})
+    expect_places: Sequence[str] = ()
 
 
 @dataclass(frozen=True)

@@ -172,7 +172,12 @@ def run_refiner_cases(catalog: Catalog) -> list[Result]:
             ref.run(syms, case.job)
             got = [s.role for s in syms]
             ok = got == list(case.expect_roles)
-            out.append(Result("rules/*.py", f"{ref.id} case {i}", ok, "" if ok else f"roles {got}, expected {list(case.expect_roles)}"))
+            why = "" if ok else f"roles {got}, expected {list(case.expect_roles)}"
+            if ok and case.expect_places:
+                places = [f"{s.node or ''}/{'' if s.rank is None else s.rank}".strip("/") for s in syms]
+                ok = places == list(case.expect_places)
+                why = "" if ok else f"places {places}, expected {list(case.expect_places)}"
+            out.append(Result("rules/*.py", f"{ref.id} case {i}", ok, why))
     return out
 
 

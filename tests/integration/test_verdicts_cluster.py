@@ -8,13 +8,17 @@
   alone it is suspected silent data corruption beside that verdict, and again on the same GPU in
   a second job the verdict (never a drain);
 - one node on another NVIDIA driver than the rest, where the job failed at launch, is the cause
-  and drained (kernel evidence of both); under a job that completes it is only said beside.
+  and drained (kernel evidence of both); under a job that completes it is only said beside;
+- a GPU fault on one node that the kernel's clock puts seconds before the program's ValueError on
+  another is not its cause (it cannot reach there but as communication errors): user_error, and
+  the faulty node still drained; near miss: the CUDA error on the faulty node itself.
 
 Each has its near miss. Kernel lines are removed afterwards and SATTR: drains undone
 (conftest's kernel_lines). Run under the cluster lock.
 """
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -256,3 +260,64 @@ def test_the_failure_after_torchruns_restart_decides_the_one_before_it_was_survi
     assert cluster.wait_state(near) == "FAILED"
     v = cluster.verdict(near)
     assert v["cause"] == "cuda_oom" and not any(s["id"].startswith("torch.restart") for s in v["symptoms"]), v["summary"]
+
+
+XID79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid={pid}, name=python, GPU has fallen off the bus."
+
+
+def _own_failure_job(cluster, gate, task: int, exc: str) -> str:
+    """Two tasks on n1 and n2 (srun --label); each says it runs, task ``task`` waits for the
+    gate, prints a timed log line and the traceback ``exc`` and exits 1; the other sleeps until
+    srun ends it."""
+    body = (f'echo running; if [ "$SLURM_PROCID" = {task} ]; then {gate.wait}; '
+            f'echo "$(date "+%Y-%m-%d %H:%M:%S,%3N") ERROR step 1201: batch failed"; '
+            f'echo "Traceback (most recent call last):"; echo "  File \\"/home/u/train.py\\", line 88, in <module>"; '
+            f'echo "{exc}"; exit 1; else sleep 300; fi')
+    return cluster.sbatch(f"#!/bin/bash\n#SBATCH -N2 -w n1,n2 --exclusive\nsrun -l --kill-on-bad-exit=1 bash -c '{body}'\n", user=USER)
+
+
+def _both_tasks_run(cluster, job: str, gate) -> None:
+    """Until both tasks run: n2's Prolog (its gate reads the kernel log) runs when srun starts
+    the step there, after the batch host's; an Xid written before it would rightly stop the job
+    from starting there."""
+    cluster.wait_running(job)
+    out = os.path.join(cluster.workdir(USER), f"slurm-{job}.out")
+    deadline = time.monotonic() + 120
+    while not all(f"{t}: running" in (open(out).read() if os.path.exists(out) else "") for t in (0, 1)):
+        assert time.monotonic() < deadline, f"job {job}: its tasks did not both start"
+        time.sleep(0.1)
+
+
+def _beside_an_xid_on_n2(cluster, kernel_lines, task: int, exc: str) -> dict:
+    """The job of ``_own_failure_job``; once both tasks run, n2's kernel log gets an Xid 79 stamped
+    five seconds back (within the kernel clocks' margin of the exception that follows); the
+    stored verdict."""
+    gate = cluster.gate()
+    job = _own_failure_job(cluster, gate, task, exc)
+    _both_tasks_run(cluster, job, gate)
+    kernel_lines.add("n2", XID79, at=time.time() - 5)
+    gate.open()
+    assert cluster.wait_state(job) == "FAILED"
+    return cluster.verdict(job)
+
+
+def test_a_gpu_fault_just_before_an_exception_on_another_node_did_not_cause_it_and_drains(cluster, kernel_lines):
+    """n2's Xid 79, five seconds before task 0's ValueError on n1: a GPU fault reaches other nodes
+    only through the collectives, so the ValueError is the job's own failure (user_error on n1)
+    and n2 is drained for its GPU."""
+    v = _beside_an_xid_on_n2(cluster, kernel_lines, 0, "ValueError: Expected input batch_size (32) to match target batch_size (16).")
+    assert (v["cause"], v["culprit"]["nodes"]) == ("user_error", ["n1"]), v["summary"]
+    xid = next(s for s in v["symptoms"] if s["id"] == "gpu.xid_79")
+    assert xid["node"] == "n2" and xid["role"] == "context" and xid["status"]["after_first_failure"], xid
+    assert any("a fault on another node cannot have caused it" in r for r in v["reasoning"]), v["reasoning"]
+    drains = [a for a in v["actions"] if a["kind"] == "drain"]
+    assert [a["node"] for a in drains] == ["n2"] and all(a["applied"] or a["blocked_by"] == "already drained" for a in drains)
+    assert cluster.ours("n2") and not cluster.ours("n1")
+
+
+def test_near_miss_a_cuda_error_on_the_faulty_node_itself_is_the_gpus(cluster, kernel_lines):
+    """The same Xid, and the failing task is n2's, with the RuntimeError CUDA errors are raised
+    as: the GPU's fault (gpu_hardware on n2)."""
+    v = _beside_an_xid_on_n2(cluster, kernel_lines, 1, "RuntimeError: CUDA error: unknown error")
+    assert (v["cause"], v["culprit"]["nodes"]) == ("gpu_hardware", ["n2"]), v["summary"]
+    assert cluster.ours("n2")

@@ -391,9 +391,80 @@ def test_a_kernel_event_on_another_node_within_the_margin_came_with_the_teardown
               priority=98, action="drain")
     o = firstfailure.order([exc, xid], [exc, xid, _srun_exit("n2", 5, 20)], JOB)
     assert o.first is exc and o.later == [xid] and xid.action == "drain"
-    # near misses: srun's first exit on the Xid's node, or no exit order at all: the tier decides
+    # near misses: srun's first exit on the Xid's node, or no exit order at all, for a failure on
+    # the Xid's own node whose class a device fault raises: the tier decides
     for extra in ([_srun_exit("n1", 1, 20)], []):
-        exc2 = sym("cuda.error", "user_error", "5: [rank5]:[E502 10:00:09.2 1 x.cpp:1] ValueError: bad shape", rank=5, node="n2")
+        exc2 = sym("cuda.error", "user_error", "1: [rank1]:[E502 10:00:09.2 1 x.cpp:1] RuntimeError: CUDA error: unknown error",
+                   rank=1, node="n1", exc="RuntimeError")
         xid2 = sym("gpu.xid_79", "gpu_hardware", "May 02 10:00:40 n1 kernel: NVRM: Xid (PCI:0000:3b:00): 79", trusted=True,
                    node="n1", priority=98)
         assert firstfailure.order([exc2, xid2], [exc2, xid2] + extra, JOB).later == []
+
+
+def _xid79(node, when):
+    return sym("gpu.xid_79", "gpu_hardware", f"May 02 {when} {node} kernel: NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.",
+               trusted=True, node=node, priority=98, action="reboot")
+
+
+def test_a_fault_the_kernel_clock_puts_just_before_an_own_failure_elsewhere_did_not_cause_it():
+    """An Xid on n1 that n1's kernel clock puts 12 s before rank 5's ValueError on n2: a GPU fault
+    reaches other nodes only through the collectives, so it did not raise that; the exception is
+    the first failure and the Xid is the node's health (its drain is kept)."""
+    from slurm_attr.drain import candidates
+    exc = sym("python.exception", "user_error", "5: [rank5]:[E502 10:00:12.0 1 x.cpp:1] ValueError: bad shape", rank=5,
+              node="n2", priority=20, exc="ValueError")
+    v = decide(JOB, [exc, _xid79("n1", "10:00:00")], CLEAN)
+    assert v.cause == "user_error" and v.culprit_nodes == ["n2"] and [c[0] for c in candidates(v)] == ["n1"]
+    assert any("a fault on another node cannot have caused it" in r for r in v.reasoning)
+
+
+@pytest.mark.parametrize("case", ["beyond_margin", "same_node_device_error", "first_hand_on_fault_node", "collective_borne"])
+def test_near_misses_of_the_own_failure_the_fault_cannot_have_caused(case):
+    exc = sym("python.exception", "user_error", "5: [rank5]:[E502 10:00:12.0 1 x.cpp:1] ValueError: bad shape", rank=5,
+              node="n2", priority=20, exc="ValueError")
+    xid = _xid79("n1", "10:00:00")
+    extra = []
+    if case == "beyond_margin":  # the kernel's clock puts the fault 90 s earlier: it came first
+        xid = _xid79("n1", "09:58:42")
+    elif case == "same_node_device_error":  # on the fault's node, as a device error: the fault's
+        exc = sym("cuda.error", "user_error", "1: [rank1]:[E502 10:00:12.0 1 x.cpp:1] RuntimeError: CUDA error: unknown error",
+                  rank=1, node="n1", priority=20, exc="RuntimeError")
+    elif case == "first_hand_on_fault_node":  # a rank on the fault's node failed first-hand before
+        extra = [sym("cuda.launch_failure", "gpu_hardware", "2: [rank2]:[E502 10:00:05.0 1 x.cpp:1] CUDA error: unspecified launch failure",
+                     rank=2, node="n1", priority=70, line=3)]
+    elif case == "collective_borne":  # a loss check that an all-reduce's non-finite values set off
+        exc = sym("train.nonfinite_loss", "user_error", "5: [rank5]:[E502 10:00:12.0 1 x.cpp:1] loss is nan, stopping",
+                  rank=5, node="n2", priority=20)
+    v = decide(JOB, [exc, xid] + extra, CLEAN)
+    assert v.cause == "gpu_hardware" and v.culprit_nodes == ["n1"]
+
+
+def test_an_exception_no_device_fault_raises_is_the_programs_wherever_it_ran():
+    """A ModuleNotFoundError printed without a launcher label, 13 s before an Xid by the clocks:
+    no GPU fault raises it, so the Xid came with the teardown; near miss: a RuntimeError (what
+    CUDA errors are raised as) in the same place leaves the Xid the cause."""
+    exc = sym("python.exception", "user_error", "[E502 10:00:00.0 1 x.cpp:1] ModuleNotFoundError: No module named 'flash_attn'",
+              priority=20, exc="ModuleNotFoundError")
+    v = decide(JOB, [exc, _xid79("n1", "10:00:13")], CLEAN)
+    assert v.cause == "user_error"
+    exc = sym("python.exception", "user_error", "[E502 10:00:00.0 1 x.cpp:1] RuntimeError: CUDA error: unknown error",
+              priority=20, exc="RuntimeError")
+    assert decide(JOB, [exc, _xid79("n1", "10:00:13")], CLEAN).cause == "gpu_hardware"
+
+
+def test_srun_exit_order_puts_an_untimed_own_failure_before_a_timed_echo_elsewhere():
+    """A timed IB error on n1 (what a peer prints when the process at the other end died) and rank
+    6's untimed AssertionError on n2, whose task srun says exited first: the exception came
+    first. Near miss: srun's first exit on n1."""
+    def case(first_exit_node):
+        exc = sym("python.exception_bare", "user_error", "6: [rank6]: AssertionError", rank=6, node="n2", line=4, priority=20)
+        net = sym("nccl.ib_completion_error", "network",
+                  "[2024-05-02 10:00:01] n1:1:2 [0] NCCL WARN NET/IB : Got completion from peer 10.0.0.2<1> with status=12",
+                  node="n1", path="nodes/n1/nccl/x.log", priority=62)
+        exits = ([_srun_exit("n2", 6, 20), _srun_exit("n1", 1, 21, code=134)] if first_exit_node == "n2"
+                 else [_srun_exit("n1", 1, 20, code=134), _srun_exit("n2", 6, 21)])
+        return firstfailure.order([net, exc], [net, exc] + exits, JOB), exc, net
+    o, exc, net = case("n2")
+    assert o.first is exc and o.later == [net] and o.how.startswith("srun exit order")
+    o, exc, net = case("n1")
+    assert o.first is net

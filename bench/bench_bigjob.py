@@ -48,6 +48,7 @@ from bench_flightrec import measure  # noqa: E402
 from bigjob import gen  # noqa: E402
 
 GiB, MiB = 1 << 30, 1 << 20
+KEPT = "bench-params.json"  # beside a --keep bundle: what it was generated with
 WORKERS = 2  # flightrec._workers() and the rules' forked readers on a 2-core machine
 
 # The verdict as the central analysis reaches it, in a fresh interpreter (as the hook starts it).
@@ -229,6 +230,18 @@ def _sources(parts: str, node: str) -> list[dict]:
 
 
 # -- the run -----------------------------------------------------------------------------------
+def reuse(path: str, nodes: int, seed: int, entries: int) -> dict | None:
+    """The truth of a bundle --keep left at ``path`` with these parameters, or None (generate it)."""
+    try:
+        with open(os.path.join(path, "truth.json")) as f:
+            truth = json.load(f)
+        with open(os.path.join(path, KEPT)) as f:
+            made_with = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return truth if made_with == {"nodes": nodes, "seed": seed, "entries": entries} else None
+
+
 def fmt_s(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f} s" if x < 10 else f"{x:.1f} s"
 
@@ -246,19 +259,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", default="/var/tmp", help="where the temporary bundles go (GBs: 32,768 ranks ~ 20 GB)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds one analysis may run")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each measurement; the fastest is kept")
+    ap.add_argument("--keep", metavar="DIR", help="write the bundles to DIR/b<nodes> and keep them; a bundle already "
+                    "there (its truth.json written last) is reused, so a before/after comparison skips generation")
     a = ap.parse_args(argv)
     if a.quick:
         a.nodes, a.fr_ranks, a.entries, a.epilog_nodes = "64", 4096, 500, 64
     sizes = [int(x) for x in a.nodes.split(",") if x]
     fr_nodes = a.fr_ranks // gen.GPUS
     tmp = tempfile.mkdtemp(prefix="sattr-bigjob-", dir=a.dir)
+    keep = os.path.abspath(a.keep) if a.keep else None
     rows: dict[str, dict] = {}
     made: list[str] = []
     try:
         for n in sorted(set(sizes) | {fr_nodes, a.epilog_nodes} - {0}):
-            path = os.path.join(tmp, f"b{n}")
+            path = os.path.join(keep or tmp, f"b{n}")
             t0 = time.monotonic()
-            truth = gen.generate(path, n, a.seed, a.entries, workers=a.workers)
+            truth = reuse(path, n, a.seed, a.entries) if keep else None
+            if truth is None:
+                shutil.rmtree(path, ignore_errors=True)
+                truth = gen.generate(path, n, a.seed, a.entries, workers=a.workers)
+                if keep:
+                    with open(os.path.join(path, KEPT), "w") as f:
+                        json.dump({"nodes": n, "seed": a.seed, "entries": a.entries}, f)
             size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
             made.append(f"{n} nodes: {time.monotonic() - t0:.0f} s, {size / GiB:.2f} GiB")
             print(f"generated {n} nodes x {gen.GPUS} GPUs ({size / GiB:.2f} GiB) in {time.monotonic() - t0:.0f} s; "
@@ -280,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  {n} {what} in {e['procs']} processes at once: {e['wall']:.1f} s (runs {e['walls']}), {e['done']}/{n} parts "
                           f"({e['cut']} cut short by the epilog's time budget), {e['bytes'] / GiB:.2f} GiB, "
                           f"{e['failed']} failed, largest process {e['largest'] / MiB:.0f} MiB", flush=True)
-            shutil.rmtree(path, ignore_errors=True)
+            if not keep:
+                shutil.rmtree(path, ignore_errors=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"\nbig jobs on {os.cpu_count()} cores; generation (not counted): " + "; ".join(made))

@@ -8,9 +8,23 @@ never saw it (issue 10, item 1). Trusted starts, earliest wins:
 
 1. ``SLURM_JOB_START_TIME`` in the epilog's environment (set by slurmd on newer
    Slurm; absent on 22.05, research/slurm.md §3).
-2. ``scontrol -o show job`` from the epilog while the job still exists
-   (COMPLETING): its StartTime, read structurally (see ``scontrol_start``).
-3. The ctime of the plugin's rank-map files ``<evidence_root>/<job>.ranks.*``,
+2. The plugin's start record ``<evidence_root>/<job>.start`` (spank/plugin/jobdir.c):
+   created exclusively by root in slurmstepd at the job's first step on this node
+   (batch, extern or srun step, before any of the job's processes run here), 0600 in
+   the root-owned evidence root; its ctime is the start. The job ran nothing on this
+   node before it, so it cannot hide an event it caused, and it cannot write, replace
+   or re-time the file. (A site that lets users log into their allocated nodes outside
+   Slurm's steps - pam_slurm without adoption - gives a job that earlier way in; there
+   PrologFlags=Contain makes the extern step, at the allocation's start on every node,
+   the record's writer.) It spares 22.05 one slurmctld RPC per node per job end (a
+   4096-node job: 4096). The epilog removes its own record once read; records left
+   by a node that never ran the epilog go after ``STALE_RECORD_S``. With an
+   evidence root shared by several nodes the first epilog takes the record and the
+   others ask slurmctld.
+3. ``scontrol -o show job`` from the epilog while the job still exists
+   (COMPLETING): its StartTime, read structurally (see ``scontrol_start``). Asked
+   only when neither of the above gave a start.
+4. The ctime of the plugin's rank-map files ``<evidence_root>/<job>.ranks.*``,
    root-owned 0600 in the root-owned evidence root, created as a step's tasks
    launch (kept even for opted-out jobs). The job's own directory is NOT used:
    its owner can chmod it and move its ctime to the end of the job.
@@ -44,7 +58,7 @@ _SCTL_JOBID = re.compile(r"^JobId=(\d+) ")
 class Window:
     start: float
     end: float
-    start_source: str  # env | scontrol | rankmap | elapsed | none
+    start_source: str  # env | record | scontrol | rankmap | elapsed | none
     trusted_start: bool
     detail: str = ""
 
@@ -103,6 +117,71 @@ def scontrol_start(record: str, job_id: str) -> tuple[Optional[float], Optional[
     return start, elapsed, why
 
 
+STALE_RECORD_S = 30 * 86400  # a start record this old is no running job's: removed
+_RECORD_SUFFIX = ".start"
+
+
+def _trusted_root(evidence_root: str) -> bool:
+    """Root-owned, and not writable by others unless sticky: files in it were put there by root."""
+    try:
+        st = os.lstat(evidence_root)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and not (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX)
+
+
+def _root_record(st: os.stat_result) -> bool:
+    # One link only: a hard link made by someone else would carry its own ctime.
+    return stat.S_ISREG(st.st_mode) and st.st_uid == 0 and st.st_nlink == 1 and not st.st_mode & 0o077
+
+
+def record_start(evidence_root: str, job_id: str, take: bool = True) -> tuple[Optional[float], str]:
+    """(the ctime of ``<evidence_root>/<job_id>.start``, why not) from the plugin's start record.
+
+    ``take``: remove it once read (the node epilog is its one reader), and sweep records older
+    than STALE_RECORD_S that no epilog took. Only a root-owned 0600 regular file with one link
+    in a trusted evidence root counts; anything else there is left and not used."""
+    if not re.fullmatch(r"\d{1,12}", job_id or ""):
+        return None, "record: not a job number"
+    if not _trusted_root(evidence_root):
+        return None, "record: evidence root not root-owned (or writable by others)"
+    path = os.path.join(evidence_root, job_id + _RECORD_SUFFIX)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None, "record: none (no step of the job ran here with the plugin)"
+    except OSError as err:
+        return None, f"record: {err.strerror}"
+    if not _root_record(st):
+        return None, "record: not the plugin's (owner, mode, type or links); not used"
+    if take:
+        _remove(path)
+        _sweep_stale(evidence_root, st.st_ctime)
+    return st.st_ctime, "start record"
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass  # read-only or already gone: the sweep or the next epilog removes it
+
+
+def _sweep_stale(evidence_root: str, now: float) -> None:
+    try:
+        names = [n for n in os.listdir(evidence_root) if n.endswith(_RECORD_SUFFIX)]
+    except OSError:
+        return
+    for name in names[:100_000]:
+        path = os.path.join(evidence_root, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if _root_record(st) and st.st_ctime < now - STALE_RECORD_S:
+            _remove(path)
+
+
 def rankmap_start(evidence_root: str, job_id: str) -> Optional[float]:
     """Earliest ctime of the plugin's root-owned rank-map files of this job, or None."""
     times = []
@@ -136,14 +215,21 @@ def resolve(job_id: str, end: float, slack: float, env_start: Optional[float] = 
     """The job's window on this node; never a fixed look-back.
 
     ``show_job`` returns the raw `scontrol -o show job` output (None when the job
-    is unknown or Slurm does not answer); it is only asked when the environment
-    has no start.
+    is unknown or Slurm does not answer); it is only asked when neither the
+    environment nor the plugin's start record has a start. ``evidence_root``: where
+    the plugin's start record and rank maps are; the record is removed once read.
     """
     found: list[tuple[float, str]] = []
     notes: list[str] = []
     elapsed: Optional[float] = None
     if env_start and 0 < env_start <= end:
         found.append((env_start, "env"))
+    if evidence_root:
+        rec, why = record_start(evidence_root, job_id)
+        if rec is not None and rec <= end + 1 and not found:
+            found.append((rec, "record"))
+        elif rec is None and not found:
+            notes.append(why)
     if not found and show_job is not None:
         try:
             raw = show_job(job_id)

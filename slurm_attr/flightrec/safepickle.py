@@ -43,6 +43,8 @@ HEAD_BYTES = 16 << 10  # first read; grown up to HEAD_MAX until HEAD_ENTRIES ent
 HEAD_MAX = 1 << 20
 HEAD_ENTRIES = 16
 _EXT_OPS = frozenset({"EXT1", "EXT2", "EXT4"})
+# The head length the last dump read in this process needed (see _read_head); only a size guess.
+_HEAD_HINT = [HEAD_BYTES]
 
 
 class _Restricted(pickle.Unpickler):
@@ -128,7 +130,7 @@ def _skip_put(data: bytes, at: int) -> int:
     return ref[1] if ref is not None else at
 
 
-def _entry_marker(head: bytes) -> tuple[re.Pattern[bytes], int] | None:
+def _entry_marker(head: bytes, start: int = 0) -> tuple[re.Pattern[bytes], int] | None:
     """(pattern of the bytes that open every entry dict, offset of the first entry) from a dump's head.
 
     torch's C++ Pickler writes each entry as EMPTY_DICT MARK, then its first key:
@@ -136,8 +138,10 @@ def _entry_marker(head: bytes) -> tuple[re.Pattern[bytes], int] | None:
     all others. A dump that went through Python's pickler (re-written fixtures,
     the shared workload) also memoises every container: a PUT whose index differs
     per entry follows EMPTY_DICT and EMPTY_LIST. The pattern accepts either.
+    ``start``: where to look for the entries key (a caller that already searched the bytes
+    before it need not scan a 250 KB pg_config again).
     """
-    i = head.find(_ENTRIES_KEY)
+    i = head.find(_ENTRIES_KEY, start)
     if i < 0:
         return None
     j = _skip_put(head, i + len(_ENTRIES_KEY))
@@ -186,15 +190,30 @@ def load(pread: Callable[[int, int], bytes], size: int, cap: int, tail_entries: 
     return Loaded(data=loads(data), bytes_read=len(data))
 
 
-def _load_tail(pread: Callable[[int, int], bytes], size: int, tail_entries: int, cap: int) -> Loaded | None:
-    """Head + newest entries, or None when the dump does not lend itself (then load it whole)."""
-    want_head = min(HEAD_BYTES, cap)
+def _read_head(pread: Callable[[int, int], bytes], size: int, cap: int) -> tuple[bytes, tuple[re.Pattern[bytes], int] | None, list[int]]:
+    """(head bytes, entry marker, entry starts in the head): the header and the first HEAD_ENTRIES
+    entries, read once. The header's size varies with the job (pg_config lists every group's
+    ranks as text: ~250 KB at 32,768 ranks), so the first read is as long as the last dump's
+    head needed (``_HEAD_HINT``, this process's dumps are one job's) and only the missing bytes
+    are read after it, never the start again. Always bounded by HEAD_MAX, cap and size.
+    """
+    limit = min(HEAD_MAX, cap, size)
+    want = min(max(HEAD_BYTES, _HEAD_HINT[0]), limit)
+    head = pread(0, want)
+    searched = 0  # the entries key is not in head[:searched]
+    found: tuple[re.Pattern[bytes], int] | None = None
+    starts: list[int] = []
     while True:
-        head = pread(0, want_head)
         if not head.startswith(PROTO2):
-            return None
-        found = _entry_marker(head)
-        starts: list[int] = []
+            return head, None, []
+        if found is None:
+            # The first occurrence, as a search from 0 would find it: none lies before ``searched``.
+            i = head.find(_ENTRIES_KEY, searched)
+            if i < 0:
+                searched = max(0, len(head) - len(_ENTRIES_KEY) + 1)  # it may straddle the read's end
+            else:
+                searched = i
+                found = _entry_marker(head, i)
         if found is not None:
             marker, first = found
             starts = [first]
@@ -202,11 +221,25 @@ def _load_tail(pread: Callable[[int, int], bytes], size: int, tail_entries: int,
                 starts.append(m.start())
                 if len(starts) > HEAD_ENTRIES:
                     break
-        if len(starts) > HEAD_ENTRIES or want_head >= min(HEAD_MAX, cap, size):
+        if len(starts) > HEAD_ENTRIES or len(head) < want or want >= limit:
             break
-        want_head = min(want_head * 4, HEAD_MAX, cap, size)  # big pg_config or deep stacks
+        want = min(want * 4, limit)  # big pg_config or deep stacks
+        more = pread(len(head), want - len(head))
+        if not more:
+            break
+        head += more
+    if len(starts) > HEAD_ENTRIES:
+        # What this dump needed, with room for a neighbour's slightly longer header.
+        _HEAD_HINT[0] = min(HEAD_MAX, starts[-1] + starts[-1] // 4 + 4096)
+    return head, found, starts
+
+
+def _load_tail(pread: Callable[[int, int], bytes], size: int, tail_entries: int, cap: int) -> Loaded | None:
+    """Head + newest entries, or None when the dump does not lend itself (then load it whole)."""
+    head, found, starts = _read_head(pread, size, cap)
     if found is None or len(starts) < 3:
         return None
+    marker, first = found
     head_cut = starts[-1]
     # Entry size from the later head entries: the first ones also define the memo (frames).
     mid = len(starts) // 2
@@ -214,7 +247,7 @@ def _load_tail(pread: Callable[[int, int], bytes], size: int, tail_entries: int,
     if (size - first) / avg <= 2 * tail_entries + len(starts):
         return None  # small enough: the whole dump is cheaper than being clever
     want = int(avg * tail_entries * 1.3) + 4096
-    if len(head) + want > cap:
+    if head_cut + want > cap:  # the stream unpickled; a hint may have read a little more head
         return None
     t0 = max(head_cut, size - want)
     tail = pread(t0, size - t0)
@@ -222,8 +255,9 @@ def _load_tail(pread: Callable[[int, int], bytes], size: int, tail_entries: int,
     cands = [m.start() for m in marker.finditer(tail)][-tail_entries:][::-1]
     if not cands:
         return None
+    head_part = memoryview(head)[:head_cut]  # one copy into the stream, not one per +
     for k in (cands[-1], *cands[-2:-5:-1]):
-        stream = head[:head_cut] + b"eu." + _TAIL_PREFIX + tail[k:]
+        stream = b"".join((head_part, b"eu.", _TAIL_PREFIX, memoryview(tail)[k:]))
         try:
             top, rest = _stream_load(stream, 2)
         except DumpError as err:

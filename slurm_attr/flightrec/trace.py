@@ -23,7 +23,10 @@ MAX_RANKS_TEXT = 4 << 20  # "[0, 1, ..., 99999]" is ~0.6 MiB
 _RANKS = re.compile(r"\[(?:\d{1,9}(?:, ?\d{1,9})*)?\]")
 # ranks text -> (members, key); every rank of a 4096-rank job repeats the same 24 KB world list
 _MEMBERS_CACHE: dict[str, tuple[tuple[int, ...], str] | None] = {}
-_LAST_PARSED: list[Any] = []  # [text, value] of the last _parse: see there
+# (text, value) of the latest _parse calls, newest last: see there. A dump holds a few groups
+# (world, tensor-parallel, data-parallel...), so the last one alone missed every other call.
+_RECENT: list[tuple[str, Any]] = []
+_RECENT_MAX = 8
 
 
 def parse_ranks(text: Any) -> tuple[int, ...] | None:
@@ -40,14 +43,15 @@ def _parse(text: Any) -> tuple[tuple[int, ...], str] | None:
         return None
     if not isinstance(text, str) or len(text) > MAX_RANKS_TEXT:
         return None
-    last = _LAST_PARSED
-    if last and text == last[0]:
-        # Every dump of a job repeats one world rank list (~220 KB at 32,768 ranks), each a new
-        # str: comparing it with the last is a memcmp, where the dict lookup hashes it whole.
-        return last[1]
+    for seen, value in reversed(_RECENT):
+        # Every dump of a job repeats its groups' rank lists (the world's ~220 KB at 32,768
+        # ranks), each a new str: == is a length check then a memcmp, where the dict lookup
+        # hashes the whole text.
+        if text == seen:
+            return value
     if text in _MEMBERS_CACHE:
         value = _MEMBERS_CACHE[text]
-        _LAST_PARSED[:] = [text, value]
+        _remember(text, value)
         return value
     value = None
     if _RANKS.fullmatch(text):
@@ -57,8 +61,14 @@ def _parse(text: Any) -> tuple[tuple[int, ...], str] | None:
     if len(_MEMBERS_CACHE) > 4096:
         _MEMBERS_CACHE.clear()
     _MEMBERS_CACHE[text] = value
-    _LAST_PARSED[:] = [text, value]
+    _remember(text, value)
     return value
+
+
+def _remember(text: str, value: Any) -> None:
+    if len(_RECENT) >= _RECENT_MAX:
+        del _RECENT[0]
+    _RECENT.append((text, value))
 
 
 def members_key(members: tuple[int, ...]) -> str:

@@ -4,7 +4,8 @@
  *   srun/sbatch/salloc (local, allocator): register --attr, publish the
  *       opt-out decision as the job-control variable SATTR_ENABLED.
  *   slurmd job_prolog (job script, root): create the evidence directory.
- *   slurmstepd (remote): user_init sets the task environment once per step;
+ *   slurmstepd (remote): init records the job's first step on the node (<job>.start);
+ *       user_init sets the task environment once per step;
  *       task_init_privileged creates the evidence directory if the prolog
  *       did not (slurmd started before the plugin was configured).
  */
@@ -49,11 +50,15 @@ static int sattr_is_client(spank_context_t ctx)
 int slurm_spank_init(spank_t sp, int ac, char **av)
 {
 	spank_context_t ctx = spank_context();
+	const struct sattr_config *cfg = sattr_config(ac, av);
 
-	sattr_config(ac, av);
 	/* Registered here (not via spank_options[]) so sbatch and salloc see it. */
 	if (sattr_is_client(ctx) || ctx == S_CTX_REMOTE)
 		sattr_option_register(sp);
+	/* Every step (batch, extern, srun), before anything of the job runs here: the first one
+	 * records the job's start on this node for the node epilog (kept even when opted out). */
+	if (ctx == S_CTX_REMOTE)
+		sattr_jobstart_record(sp, cfg);
 	return 0;
 }
 

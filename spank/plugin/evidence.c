@@ -111,3 +111,15 @@ int sattr_evidence_usable(spank_t sp, const struct sattr_config *cfg)
 		    job_id, err);
 	return 0;
 }
+
+/* slurm_spank_init (remote): "<evidence_root>/<job>.start" if no earlier step wrote it. */
+void sattr_jobstart_record(spank_t sp, const struct sattr_config *cfg)
+{
+	char job_id[SATTR_ID_MAX], err[PATH_MAX + SATTR_NOTE_MAX];
+
+	if (sattr_item_job_id(sp, job_id) != 0)
+		return;
+	err[0] = '\0';
+	if (sattr_jobstart_write(cfg->evidence_root, job_id, err, sizeof(err)) < 0 || err[0] != '\0')
+		sattr_error("job %s: start record: %s", job_id, err);
+}

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "sattr.h"
@@ -153,6 +154,55 @@ out:
 		close(jobfd);
 	if (rootfd >= 0)
 		close(rootfd);
+	return rc;
+}
+
+/*
+ * "<evidence_root>/<job_id>.start": when the job first ran anything on this node, for the
+ * node epilog's kernel window (collect/window.py). Slurm 22.05 gives its node Epilog no
+ * job start, and asking slurmctld from every node's epilog is one RPC per node per job.
+ * Written by root (slurmstepd, the first step of the job here: batch, extern or srun),
+ * 0600 in the root-owned evidence root, created exclusively, so the first step's time
+ * stays and neither a later step nor the job can move it: the job ran nothing on this
+ * node before it. The file's ctime is the record; the text is for people.
+ * 1 created, 0 already there (an earlier step), -1 with err set.
+ */
+int sattr_jobstart_write(const char *evidence_root, const char *job_id, char *err, size_t errlen)
+{
+	char canon[SATTR_ID_MAX], name[SATTR_ID_MAX + 8], text[48];
+	struct timespec now;
+	int rootfd = -1, fd = -1, rc = -1, n;
+
+	if (!sattr_path_is_clean_abs(evidence_root)) {
+		snprintf(err, errlen, "evidence root '%s' is not a clean absolute path", evidence_root);
+		return -1;
+	}
+	if (sattr_parse_job_id(job_id, canon) != 0 || strcmp(canon, job_id) != 0) {
+		snprintf(err, errlen, "job id '%.32s' is not a job number", job_id);
+		return -1;
+	}
+	rootfd = sattr_open_root(evidence_root, err, errlen);
+	if (rootfd < 0)
+		return -1;
+	snprintf(name, sizeof(name), "%s.start", job_id);
+	fd = openat(rootfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0 && errno == EEXIST) {
+		rc = 0;
+		goto out;
+	}
+	if (fd < 0) {
+		snprintf(err, errlen, "%s/%s: %s", evidence_root, name, strerror(errno));
+		goto out;
+	}
+	clock_gettime(CLOCK_REALTIME, &now);
+	n = snprintf(text, sizeof(text), "%lld.%09ld\n", (long long)now.tv_sec, now.tv_nsec);
+	if (n > 0 && (size_t)n < sizeof(text) && write(fd, text, (size_t)n) != n)
+		snprintf(err, errlen, "%s/%s: write: %s", evidence_root, name, strerror(errno));
+	rc = 1; /* the ctime is the record, written or not */
+out:
+	if (fd >= 0)
+		close(fd);
+	close(rootfd);
 	return rc;
 }
 

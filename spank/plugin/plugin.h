@@ -35,6 +35,8 @@ SATTR_HIDDEN int sattr_item_job_id(spank_t sp, char out[SATTR_ID_MAX]);
 SATTR_HIDDEN void sattr_evidence_from_items(spank_t sp, const struct sattr_config *cfg);
 SATTR_HIDDEN void sattr_evidence_from_env(const struct sattr_config *cfg);
 SATTR_HIDDEN int sattr_evidence_usable(spank_t sp, const struct sattr_config *cfg);
+/* the job's first step on this node: <evidence_root>/<job>.start (jobdir.c writes it) */
+SATTR_HIDDEN void sattr_jobstart_record(spank_t sp, const struct sattr_config *cfg);
 
 /* rankmap.c: <evidence_root>/<job>.ranks.<node>, written by root per task */
 SATTR_HIDDEN void sattr_rankmap_record(spank_t sp, const struct sattr_config *cfg);

@@ -138,6 +138,12 @@ SATTR_HIDDEN int sattr_jobdir_create(const char *evidence_root, const char *job_
 SATTR_HIDDEN int sattr_jobdir_usable(const char *evidence_root, const char *job_id, uid_t uid,
 				     char *err, size_t errlen);
 
+/* "<evidence_root>/<job_id>.start", created exclusively by root at the job's first step on
+ * this node (its ctime is the node epilog's trusted window start on Slurm without
+ * SLURM_JOB_START_TIME). 1 created, 0 already there, -1 with err set. */
+SATTR_HIDDEN int sattr_jobstart_write(const char *evidence_root, const char *job_id, char *err,
+				      size_t errlen);
+
 /* ---- watchspawn.c: the live watcher's command line and its detached start ---- */
 #define SATTR_WATCH_ARGS 32
 struct sattr_watch_req {

@@ -166,6 +166,32 @@ static void test_bad_job_ids(void)
 		CHECK(create(bad[i]) == -1);
 }
 
+/* The job's first step on the node: created once, root 0600, never through a link. */
+static void test_jobstart(void)
+{
+	char path[PATH_MAX], target[PATH_MAX];
+	struct stat st, again;
+
+	err[0] = '\0';
+	CHECK(sattr_jobstart_write(root, "4711", err, sizeof(err)) == 1 && err[0] == '\0');
+	snprintf(path, sizeof(path), "%s/4711.start", root);
+	CHECK(lstat(path, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == 0 && (st.st_mode & 07777) == 0600);
+	CHECK(st.st_size > 10); /* "<seconds>.<ns>\n" */
+	/* A later step of the same job: the first time stays. */
+	sleep(1);
+	CHECK(sattr_jobstart_write(root, "4711", err, sizeof(err)) == 0);
+	CHECK(lstat(path, &again) == 0 && again.st_ctime == st.st_ctime && again.st_ino == st.st_ino);
+	/* Near miss: a symlink planted under the name is neither followed nor replaced. */
+	snprintf(target, sizeof(target), "%s/planted", base);
+	snprintf(path, sizeof(path), "%s/4712.start", root);
+	CHECK(symlink(target, path) == 0);
+	CHECK(sattr_jobstart_write(root, "4712", err, sizeof(err)) == 0);
+	CHECK(access(target, F_OK) != 0 && lstat(path, &st) == 0 && S_ISLNK(st.st_mode));
+	/* Not a job number: nothing written. */
+	CHECK(sattr_jobstart_write(root, "../4713", err, sizeof(err)) == -1);
+	CHECK(sattr_jobstart_write("relative/root", "4713", err, sizeof(err)) == -1);
+}
+
 void test_jobdir(void)
 {
 	if (geteuid() != 0) {
@@ -180,5 +206,6 @@ void test_jobdir(void)
 	test_refuse_root();
 	test_usable();
 	test_bad_job_ids();
+	test_jobstart();
 	rm_tree(base);
 }

@@ -167,3 +167,45 @@ def test_a_refused_evidence_dir_exports_nothing_and_is_left_alone(cluster):
         assert (cluster.base / "work" / "sattrtest" / f"slurm-{ok}.out").read_text().strip().splitlines()[-1] == "1"
     finally:
         subprocess.run(["rm", "-rf", "--", str(planted)], check=False)
+
+
+def _job_info_single(cluster) -> int:
+    """slurmctld's count of single-job queries (`scontrol show job N`, `squeue -j N`) so far."""
+    out = cluster.run(["sdiag"]).stdout
+    for line in out.splitlines():
+        if line.strip().startswith("REQUEST_JOB_INFO_SINGLE"):
+            return int(line.split("count:")[1].split()[0])
+    return 0
+
+
+def _wait_ended(cluster, job: str, timeout: float = 180) -> str:
+    """The job's final state from accounting only (slurmdbd: no slurmctld query counted)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = cluster.sacct(job, "State").get("State", "")
+        if state and state not in ("PENDING", "RUNNING", "COMPLETING", "REQUEUED"):
+            return state
+        time.sleep(0.5)
+    raise AssertionError(f"job {job} did not end")
+
+
+def test_node_epilogs_take_the_start_from_the_plugins_record_not_slurmctld(cluster):
+    """22.05's node Epilog has no SLURM_JOB_START_TIME: the plugin's root-written start record
+    (slurmstepd, the job's first step on each node) is the window start, so the job's end
+    asks slurmctld nothing per node. Near miss: a node where the job ran no step has no record
+    and asks slurmctld (scontrol show job) once, as before."""
+    before = _job_info_single(cluster)
+    job = cluster.sbatch("#!/bin/bash\n#SBATCH -N4 --exclusive\nsrun -N4 true\nexit 0\n", user="sattrtest")
+    assert _wait_ended(cluster, job) == "COMPLETED"
+    windows = {n: json.loads(_wait_collected(cluster, job, n))["window"] for n in NODES}
+    assert _job_info_single(cluster) == before, "a node epilog asked slurmctld for the job"
+    assert {n: (w["start_source"], w["trusted_start"]) for n, w in windows.items()} == {n: ("record", True) for n in NODES}
+    base = cluster.env["SATTR_CLUSTER_BASE"]
+    assert not [n for n in NODES if os.path.exists(f"{base}/nodes/{n}/evidence/{job}.start")]  # taken once read
+    # Near miss: two nodes, the batch script alone on the first; the second ran nothing.
+    before = _job_info_single(cluster)
+    job2 = cluster.sbatch("#!/bin/bash\n#SBATCH -N2 -w n1,n2 --exclusive\nsleep 1\nexit 0\n", user="sattrtest")
+    assert _wait_ended(cluster, job2) == "COMPLETED"
+    w1, w2 = (json.loads(_wait_collected(cluster, job2, n))["window"] for n in ("n1", "n2"))
+    assert (w1["start_source"], w2["start_source"]) == ("record", "scontrol") and w2["trusted_start"]
+    assert _job_info_single(cluster) == before + 1

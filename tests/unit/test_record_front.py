@@ -136,3 +136,33 @@ def test_a_record_that_cannot_be_recorded_now_stays(tmp_path):
         im._atomic_write = orig
         os.chmod(cfg.intake.queue_dir, 0o700)
     assert record.ingest(cfg) == 1 and intake.keys(cfg) == {"5"}
+
+
+def test_the_worker_starts_at_the_lowest_priority_before_its_interpreter(front, tmp_path):
+    """The worker's interpreter start runs in the batch class at nice 19 (as pool.py sets once
+    Python runs), not at the hook's priority beside slurmctld. Near miss: with every slot held
+    no worker is started at all (the record is still written)."""
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\n"
+                    "awk '{print \"nice=\" $19 \" policy=\" $41}' /proc/$$/stat >> \"$0.calls\"\n")
+    fake.chmod(0o755)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[intake]\nqueue_dir = "{tmp_path}/q"\n\n[analysis]\nworkers = 1\n')
+    env = {"PATH": "/usr/bin:/bin", "SLURM_ATTR_CONFIG": str(cfg), "SLURM_ATTR_PYTHON": str(fake), **ENV}
+    calls = tmp_path / "python.calls"
+    proc = subprocess.run([front_path()], env=env, capture_output=True, text=True, timeout=30)
+    deadline = time.monotonic() + 10
+    while not calls.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.returncode == 0 and calls.read_text() == "nice=19 policy=3\n"  # 3: SCHED_BATCH
+    # near miss: the slot held by a running worker, so no second one and nothing lowered
+    calls.unlink()
+    fd = os.open(tmp_path / "q" / ".worker-0.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        env["SLURM_JOB_ID"] = "663"
+        proc = subprocess.run([front_path()], env=env, capture_output=True, text=True, timeout=30)
+    finally:
+        os.close(fd)
+    time.sleep(0.3)
+    assert proc.returncode == 0 and not calls.exists() and Path(tmp_path, "q", "663.env").is_file()

@@ -27,7 +27,11 @@ watcher's CPU per node at 8 ranks, each against a named peer measured in the sam
    beside it; detection latency = finding time - the stall's last recorded event, p50/p99/max
    over N runs per scenario (comma-separated --scenario), printed against hang_after_s (the
    floor: the stall must last that long) and against PyTorch's NCCL watchdog (600 s by
-   default), with the runs whose hang class was not the injected one counted.
+   default), with the runs whose hang class was not the injected one counted. With
+   --defaults the watchers run the default [live] settings (hang_after_s 60 as the ceiling,
+   the learned threshold down to hang_floor_s 5, interval_s 1); the job must then run
+   healthy long enough to be learned (threshold.MIN_SAMPLES cycles): e.g. --lat-ops 1200
+   --lat-inject 1000 (about 14 s here). Near misses: bench_live_nearmiss.py.
 5. With --cluster-runs N (and nothing else): the stalls of 4 as real 2-node jobs on the
    test cluster (`eval $(bash cluster/testcluster.sh env)`), partition live, where the
    installed plugin starts the watchers; N jobs per --scenario, p50/p99 as in 4.
@@ -103,7 +107,8 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, max(0, -(-int(q * len(xs) * 100) // 100) - 1))]
 
 
-def latency(runs: int, scenarios: str, hang_after: float, root: str) -> None:
+def latency(runs: int, scenarios: str, hang_after: float | None, root: str, ops: int = 400, inject: int = 300) -> None:
+    """hang_after None: the default Config ([live] hang_after_s 60, hang_floor_s 5, interval_s 1)."""
     harness = os.path.join(REPO, "spank", "build", "tests", "probe_harness")
     lib = os.path.join(REPO, "spank", "build", "libnccl-profiler-sattr.so")
     for scenario in scenarios.split(","):
@@ -112,29 +117,35 @@ def latency(runs: int, scenarios: str, hang_after: float, root: str) -> None:
             out, spool = os.path.join(root, f"{scenario}-h{i}"), os.path.join(root, f"{scenario}-s{i}")
             os.makedirs(spool)
             cfg = Config()
-            cfg.paths.spool, cfg.live.hang_after_s, cfg.live.interval_s = spool, hang_after, 0.5
-            p = subprocess.Popen([harness, "run", "--plugin", lib, "--out", out, "--scenario", scenario, "--ops", "400",
-                                  "--inject", "300", "--hang-ms", "60000", "--per-node", "4"], stdout=subprocess.DEVNULL,
-                                 start_new_session=True)  # its rank processes go with it (killpg)
+            cfg.paths.spool = spool
+            if hang_after is not None:
+                cfg.live.hang_after_s, cfg.live.interval_s = hang_after, 0.5
+            period = cfg.live.interval_s
+            p = subprocess.Popen([harness, "run", "--plugin", lib, "--out", out, "--scenario", scenario, "--ops", str(ops),
+                                  "--inject", str(inject), "--hang-ms", "60000", "--per-node", "4"],
+                                 stdout=subprocess.DEVNULL, start_new_session=True)  # its rank processes go with it (killpg)
             try:
-                while not os.path.isdir(os.path.join(out, "nodes", "node1")):
+                while not os.path.isdir(os.path.join(out, "nodes", "node1")) and p.poll() is None:
                     time.sleep(0.05)
                 ws = [Watcher(cfg, "1", f"n{j}", os.path.join(out, "nodes", f"node{j}"), leader=(j == 0), nnodes=2)
                       for j in (1, 0)]
                 found: list[dict] = []
                 t0, extra = time.monotonic(), 2  # two more cycles: a side communicator may come first
-                while extra and time.monotonic() - t0 < 120:
+                while extra and time.monotonic() - t0 < 180:
                     c0 = time.monotonic()
                     for w in ws:
                         found += [f for f in w.cycle() if f.get("kind") != "slow"]
                     extra -= bool(found)
-                    time.sleep(max(0.0, 0.5 - (time.monotonic() - c0)))
+                    time.sleep(max(0.0, period - (time.monotonic() - c0)))
             finally:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
             found = [f for f in found if not f.get("behind")]  # the cause, not a cascade behind it
             wrong += _one_run(f"{scenario} run {i}", scenario, found[0] if found else None, lat)
-        _latency_line(f"{scenario}, {len(lat)} of {runs} runs found, {wrong} misclassified", lat, hang_after, 0.5)
+        cfg = Config()
+        _latency_line(f"{scenario}, {len(lat)} of {runs} runs found, {wrong} misclassified", lat,
+                      cfg.live.hang_after_s if hang_after is None else hang_after,
+                      cfg.live.interval_s if hang_after is None else 0.5)
 
 
 def _one_run(what: str, scenario: str, f: dict | None, lat: list[float]) -> int:
@@ -153,7 +164,7 @@ def _latency_line(what: str, lat: list[float], hang_after: float, interval: floa
     if not lat:
         return
     p50, p99 = statistics.median(lat), _pct(lat, 0.99)
-    print(f"detection latency ({what}): p50 {p50:.2f} s, p99 {p99:.2f} s, max {max(lat):.2f} s; against "
+    print(f"detection latency ({what}): p50 {p50:.2f} s, p90 {_pct(lat, 0.9):.2f} s, p99 {p99:.2f} s, max {max(lat):.2f} s; against "
           f"hang_after_s = {hang_after} (interval_s {interval}): p50 {p50 - hang_after:+.2f} s beyond it; "
           f"PyTorch's watchdog ({WATCHDOG_S:.0f} s) / p99 = {WATCHDOG_S / p99:.0f}x", flush=True)
 
@@ -371,6 +382,9 @@ def main() -> int:
     ap.add_argument("--latency-runs", type=int, default=0)
     ap.add_argument("--scenario", default="nonentry", help="comma-separated: nonentry,count,linkstall")
     ap.add_argument("--hang-after", type=float, default=5.0)
+    ap.add_argument("--defaults", action="store_true", help="--latency-runs with the default [live] settings")
+    ap.add_argument("--lat-ops", type=int, default=400, help="--latency-runs: the harness's --ops")
+    ap.add_argument("--lat-inject", type=int, default=300, help="--latency-runs: the harness's --inject")
     ap.add_argument("--straggler-cycles", type=int, default=40)
     ap.add_argument("--slow-runs", type=int, default=0)
     ap.add_argument("--slow-scenario", default="slowphase,straggler,healthy")
@@ -391,7 +405,7 @@ def main() -> int:
             straggler(a.ranks, a.per_node, a.straggler_cycles, a.runs, root)
     if a.latency_runs:
         with tempfile.TemporaryDirectory(dir=a.dir) as root:
-            latency(a.latency_runs, a.scenario, a.hang_after, root)
+            latency(a.latency_runs, a.scenario, None if a.defaults else a.hang_after, root, a.lat_ops, a.lat_inject)
     with tempfile.TemporaryDirectory(dir=a.dir) as root:
         cfg, jobdirs, bundle = _layout(root, a.ranks, a.per_node)
         nodes = sorted(jobdirs)

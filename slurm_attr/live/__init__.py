@@ -8,7 +8,10 @@ the post-mortem probe rules, and stores a *live finding* that ``sattr JOBID`` sh
 the job runs and the post-mortem analysis reads as untrusted evidence.
 
 Data flows one way: records (job, hostile) -> nodeview (node summary + snapshots) ->
-spool files (root) -> detect + classify (leader) -> finding (root) -> cli / evidence.
+spool files (root) -> detect + classify (leader) -> finding (root) -> cli / evidence. The
+threshold is learned per communicator (threshold.py), and a stall whose waited-for ranks
+are busy rather than stuck (their /proc counters, procstat.py, and stacks, busy.py) is a
+note until they stop moving or the ceiling passes.
 """
 from __future__ import annotations
 
@@ -28,8 +31,9 @@ __all__ = ["analyze"]
 
 # Most jobs leave no live data (no watcher, no probe): `sattr analyze` then needs none of
 # evidence's modules (slow.py pulls statistics, decimal, fractions). Submodules load on first use.
-_SUBMODULES = {"classify", "detect", "dumps", "evidence", "findings", "frdetect", "nodeview", "prekill",
-               "prekillevidence", "ras", "rasreport", "slow", "slowevidence", "slowring", "store", "watcher"}
+_SUBMODULES = {"busy", "classify", "detect", "dumps", "evidence", "findings", "frdetect", "nodeview", "prekill",
+               "prekillevidence", "procstat", "ras", "rasreport", "slow", "slowevidence", "slowjoin", "slowring",
+               "store", "threshold", "watcher"}
 
 
 def __getattr__(name: str) -> Any:

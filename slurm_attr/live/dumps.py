@@ -157,16 +157,24 @@ def _is_lib(path: str) -> bool:
     return any(s in path for s in _LIB)
 
 
+def main_thread(threads: list[Thread]) -> Thread | None:
+    """The program's thread: the one whose outermost frame is ``<module>``, else the last
+    listed with frames; the server's own (current, no Python frame) never is."""
+    cands = [t for t in threads if t.frames and not t.current] or [t for t in threads if t.frames]
+    if not cands:
+        return None
+    return next((t for t in cands if t.frames[-1].func == "<module>"), cands[-1])
+
+
 def stuck_at(threads: list[Thread]) -> dict[str, Any] | None:
     """Where the rank's main thread is: its innermost frame in the job's own code ("at"),
     and its innermost frame at all ("inner", e.g. torch's all_reduce). The main thread
     is the one whose outermost frame is ``<module>`` (the program), else the last listed
     with frames (faulthandler lists the main thread last); the server's own thread (the
     current one, no Python frame) never is."""
-    cands = [t for t in threads if t.frames and not t.current] or [t for t in threads if t.frames]
-    if not cands:
+    main = main_thread(threads)
+    if main is None:
         return None
-    main = next((t for t in cands if t.frames[-1].func == "<module>"), cands[-1])
     own = next((f for f in main.frames if not _is_lib(f.file)), main.frames[0])
     return {"at": own.text(), "file": own.file, "line": own.line, "func": own.func,
             "inner": main.frames[0].text(), "depth": len(main.frames)}
@@ -205,6 +213,23 @@ def poll_fr(jobdir: str, lim: Limits) -> tuple[dict[int, dict[str, Any]], list[s
 
     problems = _round(jobdir, lim, {"fr_trace_json": FR_CAP}, got)
     return out, problems
+
+
+def fetch_stacks(jobdir: str, lim: Limits, ranks: set[int]) -> dict[int, str | Exception]:
+    """``dump_traceback`` of these local ranks' worker servers only (the busy check,
+    busy.py): rank -> the text, or the error why not. Ranks without a socket are left out."""
+    out: dict[int, str | Exception] = {}
+
+    def got(r: Reply) -> None:
+        out[r.key[0]] = (r.data.decode("utf-8", "replace") if r.data is not None
+                         else OSError(str(r.error)[:200]))
+
+    with Sockets(jobdir, lim.uid, lim.max_sockets) as ss:
+        targets = {(rank, "dump_traceback"): path for rank, path in ss.ranks.items() if rank in ranks}
+        if targets:
+            Fetch(targets, uid=lim.uid, deadline=time.monotonic() + lim.timeout_s, caps={"dump_traceback": STACK_CAP},
+                  held_cap=max(STACK_CAP, lim.held_cap), on_reply=got, accept_peer=lim.owner).run()
+    return out
 
 
 def collect(jobdir: str, lim: Limits, save: Callable[[str, int, bytes | bytearray], str | None]) -> dict[str, Any]:

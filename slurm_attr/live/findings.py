@@ -50,8 +50,9 @@ def load(spool: str, job: str) -> dict[str, Any] | None:
         return None
     covs = [f"step {d['step']}: {d['coverage']}" for d in docs if isinstance(d.get("coverage"), str)]
     dumps = [x for d in docs for x in (d.get("dumps") if isinstance(d.get("dumps"), list) else ())]
+    notes = [x for d in docs for x in (d.get("notes") if isinstance(d.get("notes"), list) else ())]
     return {"job": job, "findings": [f for d in docs for f in d["findings"]], "coverage": "; ".join(covs),
-            "dumps": dumps}
+            "dumps": dumps, "notes": notes[-MAX_FINDINGS:]}
 
 
 def save(spool: str, job: str, step: str, doc: dict[str, Any], gid: int | None) -> None:
@@ -166,12 +167,24 @@ def cancel_lines(c: Any) -> list[str]:
     return out
 
 
+def note_line(n: Any) -> str | None:
+    """A stall judged busy, not stuck (busy.py): "busy, not stuck 14:02:10: world 9e37...: rank 0:
+    checkpoint at train.py:90 in save_checkpoint, counters moving (quiet 12.0 s; threshold 5.0 s)"."""
+    if not isinstance(n, dict):
+        return None
+    n = jobtext.deep(n)  # the why quotes the rank's stack: the job's words
+    return (f"busy, not stuck {_clock(n.get('noted'))}: {n.get('label')}: {n.get('why')} (quiet {n.get('quiet_s')} s; "
+            f"threshold {n.get('threshold_s')} s, reported at {n.get('ceiling_s')} s if it lasts)")
+
+
 def lines(doc: dict[str, Any]) -> list[str]:
     out = []
     for f in doc.get("findings", []):
         if not isinstance(f, dict):
             continue
         out.append(headline(f))
+        if isinstance(f.get("busy"), str):  # reported at the ceiling although its ranks looked busy
+            out.append(f"  busy when reported: {jobtext.line(f['busy'])}")
         out += [f"  {ln}" for ln in stack_lines(f.get("stacks"), f.get("ranks"))]
         if (dl := dump_line(f.get("dumps"))) is not None:
             out.append(f"  {dl}")
@@ -182,6 +195,7 @@ def lines(doc: dict[str, Any]) -> list[str]:
             out.append(dl)
             out += [f"  {ln}" for ln in dropped_lines(d)]
             out += [f"  {ln}" for ln in stack_lines(d.get("stacks"))]
+    out += [ln for ln in (note_line(n) for n in (doc.get("notes") or [])[-3:]) if ln]
     cov = doc.get("coverage")
     if isinstance(cov, str) and cov:
         out.append(f"live watch: {jobtext.line(cov)}")

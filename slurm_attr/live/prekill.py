@@ -173,8 +173,10 @@ class LeaderDumps:
     def __init__(self, cfg: Config, job: str, step: str, live_dir: str, nnodes: int,
                  end_ns: int | None = None, gpus: int | None = None,
                  show_job: Callable[[str], dict[str, str] | None] | None = None,
-                 slurm: Any = None, uid: int | None = None, started: float | None = None):
+                 slurm: Any = None, uid: int | None = None, started: float | None = None,
+                 busy: Callable[[dict[str, Any]], str | None] | None = None):
         self.cfg, self.job, self.step, self.live_dir, self.nnodes = cfg, job, step, live_dir, nnodes
+        self.busy = busy  # why the finding's ranks are busy now (busy.py): no cancel then
         self.end_ns, self.gpus = end_ns, gpus
         self._show = show_job
         # What cancels (a SlurmAccess; from the config when first needed) and what it checks the
@@ -269,6 +271,9 @@ class LeaderDumps:
         own FR shows a collective under way (or their stacks are inside torch.distributed)
         or NCCL's RAS sees that communicator stuck (ras.py; asked with ``[live] ras = auto``,
         bounded by ``ras_timeout_s``). ``sources`` and ``ras`` record who agreed and what RAS said."""
+        busy = self.busy(f) if self.busy is not None else None
+        if busy:  # busy is not stuck, whatever the threshold said: never cancel a working rank
+            return {"done": False, "why": f"withheld: busy, not stuck ({busy})"[:300]}
         why = agreement(f, res)
         ras_why, ras_said = (ras.second_opinion(self.cfg.live, self.live_dir, self.step, f)
                              if f.get("source") in PROBE_SOURCES else (None, None))

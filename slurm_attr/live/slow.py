@@ -29,19 +29,21 @@ What each is measured from (all of it job-written, hostile, bounded):
   a jump by ``phase_factor`` for every rank (the 10th percentile moved too) while no rank
   enters late (the last-rank gap stays small: not a straggler).
 
-The node's part (reading the rings, thinned for large jobs) is slowring.py.
+The node's part (reading the rings, thinned for large jobs) is slowring.py; the leader's join
+of their entries into collectives, per communicator, slowjoin.py.
 """
 from __future__ import annotations
 
 import gc
 import statistics
 import time
-from collections import Counter, deque
+from collections import Counter
 from typing import Any
 
 from ..probe import layout as L
 from ..probe.comms import iso
-from .slowring import MAX_SPAN, VERSION, node_part, ring_entries, stride
+from .slowjoin import Joined
+from .slowring import VERSION, node_part, ring_entries, stride
 
 __all__ = ["SlowTracker", "node_part", "ring_entries", "stride"]
 
@@ -50,87 +52,12 @@ TITLES = {"S1": "straggler", "S2": "slow link", "S3": "slow phase"}
 LINK_SECOND_SHARE = 0.5  # a further outlier link is its own finding only at half the worst's SendWait
 MAX_SLOW = 8  # slow findings per step (the findings file keeps 20 in all)
 REFRESH_CYCLES = 10  # a standing finding's figures are rewritten at most this often
-MAX_PENDING = 64  # collectives waiting for some rank's entry, per communicator
 MAX_PAIRS = 1 << 16
 
 
 # ---- the leader's part --------------------------------------------------------------------
 def is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
-
-
-class _Comm:
-    """One communicator's joined collectives. ``hist``: (opi, last entry us, last comm rank or
-    None, gap to the next-latest us, period us or None, 10th-percentile interval or None,
-    func) of the last ``window`` collectives every rank entered."""
-
-    def __init__(self, window: int):
-        self.prev: dict[int, tuple[int, int]] = {}  # crank -> (opi, t) of its latest entry
-        self.pend: dict[int, dict[int, tuple[int, int | None, int]]] = {}  # opi -> crank -> (t, d, func)
-        self.done: deque[int] = deque(maxlen=4 * window)
-        self.done_set: set[int] = set()
-        self.hist: deque[tuple] = deque(maxlen=window)
-        self.lasts: Counter = Counter()  # last comm rank -> collectives of hist it was last in
-        self.nranks = 0
-        self.phase_at = 0  # hist appends when S3 was last looked at
-        self.phase_since: int | None = None  # entry (us) that began the standing slow phase
-        self.appended = 0
-
-    def add(self, cr: int, ents: list[Any]) -> None:
-        # type() is int: no bool, no float, no str (hostile JSON); the hot loop at 4096 ranks
-        good = sorted(e for e in ents if type(e) is list and len(e) == 3 and type(e[0]) is int
-                      and type(e[1]) is int and type(e[2]) is int)
-        for opi, t, func in good:  # in launch order: each entry's interval from the one before
-            if opi in self.done_set:
-                continue
-            p = self.prev.get(cr)
-            d = (t - p[1]) // (opi - p[0]) if p is not None and 0 < opi - p[0] <= MAX_SPAN and t >= p[1] else None
-            if p is None or opi > p[0]:
-                self.prev[cr] = (opi, t)
-            slot = self.pend.get(opi)
-            if slot is None:
-                if len(self.pend) >= MAX_PENDING:
-                    del self.pend[min(self.pend)]  # a rank's entry of it was never seen: give up
-                slot = self.pend[opi] = {}
-            old = slot.get(cr)
-            slot[cr] = (t, d if d is not None else (old[1] if old else None), func)
-
-    def finalize(self, min_gap_us: int) -> int:
-        """Move the collectives every rank has entered into the history; forget those some
-        rank's ring lost (the newest is far past them)."""
-        if self.pend:
-            stale = max(self.pend) - 2 * MAX_SPAN
-            for opi in [o for o in self.pend if o < stale]:
-                del self.pend[opi]
-        n = 0
-        for opi in sorted(o for o, s in self.pend.items() if len(s) >= self.nranks):
-            s = self.pend.pop(opi)
-            t1 = t2 = -1  # the latest and the next-latest entry (one pass: this runs per collective)
-            c1 = -1
-            for cr, v in s.items():
-                t = v[0]
-                if t > t1:
-                    t1, t2, c1 = t, t1, cr
-                elif t > t2:
-                    t2 = t
-            gap = t1 - t2 if t2 >= 0 else 0
-            last = c1 if gap >= min_gap_us else None
-            ds = sorted(d for _t, d, _f in s.values() if d is not None)
-            period = lo = None
-            if len(ds) * 2 > len(s):  # most ranks' previous entry was seen: the interval is known
-                period, lo = ds[len(ds) // 2], ds[len(ds) // 10]
-            if len(self.hist) == self.hist.maxlen and self.hist[0][2] is not None:
-                self.lasts[self.hist[0][2]] -= 1  # leaves the window
-            self.hist.append((opi, t1, last, gap, period, lo, s[c1][2]))
-            self.appended += 1
-            if last is not None:
-                self.lasts[last] += 1
-            if len(self.done) == self.done.maxlen:
-                self.done_set.discard(self.done[0])
-            self.done.append(opi)
-            self.done_set.add(opi)
-            n += 1
-        return n
 
 
 class _Pair:
@@ -157,7 +84,7 @@ class SlowTracker:
 
     def __init__(self, live_cfg: Any, job: str = "", step: str = "0"):
         self.cfg, self.job, self.step = live_cfg, job, step
-        self.comms: dict[str, _Comm] = {}
+        self.comms: dict[str, Joined] = {}
         self.pairs: dict[tuple[str, int, int], _Pair] = {}
         self.found: dict[tuple, dict[str, Any]] = {}
         self.cycles = 0
@@ -188,7 +115,7 @@ class SlowTracker:
             c["nranks"] = max(c["nranks"], c.pop("count"))
             st = self.comms.get(h)
             if st is None:
-                st = self.comms[h] = _Comm(self.cfg.slow_window)
+                st = self.comms[h] = Joined(self.cfg.slow_window)
             st.nranks = c["nranks"]
         for s in summaries:
             part = s.get("slow")
@@ -292,7 +219,7 @@ class SlowTracker:
                 "nranks": nranks, "ranks": ranks, "nodes": nodes, "what": what, "source": "summary",
                 "stats": stats, "symptoms": []}
 
-    def _straggler(self, h: str, c: dict[str, Any], st: _Comm, now_ns: int) -> dict[str, Any] | None:
+    def _straggler(self, h: str, c: dict[str, Any], st: Joined, now_ns: int) -> dict[str, Any] | None:
         cfg = self.cfg
         hist = st.hist
         top = st.lasts.most_common(1)
@@ -322,7 +249,7 @@ class SlowTracker:
                           {"share": round(share, 3), "wait_share": round(wait, 3), "samples": len(hist),
                            "comm_rank": cr, "median_gap_ms": round(gaps[len(gaps) // 2] / 1000, 3)})
 
-    def _phase(self, h: str, c: dict[str, Any], st: _Comm, now_ns: int) -> dict[str, Any] | None:
+    def _phase(self, h: str, c: dict[str, Any], st: Joined, now_ns: int) -> dict[str, Any] | None:
         cfg = self.cfg
         timed = [x for x in st.hist if x[4]]
         w = cfg.phase_window

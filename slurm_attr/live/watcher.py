@@ -2,9 +2,10 @@
 
 Every ``[live] interval_s``: read the local records, write this node's summary (and, once
 a local communicator looks stalled, snapshots of its records) to the spool. The leader
-(the step's first node) then reads every node's summary, detects hangs and writes the
-findings. It ends when the step does (its slurmstepd is gone, or the job's evidence dir
-is) and never touches the job: it only reads the job's files, at idle CPU priority.
+(the step's first node) then reads every node's summary, detects hangs (below the
+ceiling, only once the ranks waited for are not busy: busy.py) and writes the findings.
+It ends when the step does (its slurmstepd is gone, or the job's evidence dir is) and
+never touches the job: it only reads the job's files, at idle CPU priority.
 Any error in a cycle is recorded in the summary and the loop goes on.
 """
 from __future__ import annotations
@@ -17,8 +18,10 @@ from typing import Any, Callable
 from .. import safefs
 from ..config import Config
 from ..errors import UnsafePath
+from ..probe.comms import iso
 from . import classify, findings, slow, store
-from .detect import Tracker
+from .busy import LeaderBusy, NodeBusy
+from .detect import Tracker, combine
 from .frdetect import FrTracker, poll_period
 from .budget import NodeBudget, locked
 from .host import Host
@@ -44,8 +47,10 @@ class Watcher:
         self.cfg, self.job, self.node, self.jobdir, self.step = cfg, job, node, jobdir, step
         self.leader, self.nnodes, self.gid, self.clock = leader, nnodes, gid, clock
         self.live_dir = store.ensure_job_dir(cfg.paths.spool, job)
-        self.local = LocalStall(max(2 * cfg.live.interval_s, cfg.live.hang_after_s / 2))
-        self.tracker = Tracker(cfg.live.hang_after_s)
+        # snapshots from half the lowest threshold on: there for the leader's classification
+        floor = min(cfg.live.hang_after_s, cfg.live.hang_floor_s)
+        self.local = LocalStall(max(2 * cfg.live.interval_s, floor / 2))
+        self.tracker = Tracker(cfg.live.hang_after_s, floor_s=cfg.live.hang_floor_s)
         self.slow = slow.SlowTracker(cfg.live, job, step)  # S1-S3 (slow.py)
         self.snap_digest: dict[str, bytes] = {}
         self.stepd = Stepd(stepd_pid) if stepd_pid else None
@@ -73,7 +78,11 @@ class Watcher:
         started = since_ns / 1e9 + 2 if since_ns is not None else None
         self.leader_dumps = LeaderDumps(cfg, job, step, self.live_dir, nnodes, end_ns=end_ns, gpus=gpus,
                                         show_job=show_job, uid=self.node_dumps.job_uid(),
-                                        started=started) if leader else None
+                                        started=started, busy=self._busy_now) if leader else None
+        # busy is not stuck (busy.py): every node's counters and stacks, the leader's judgement
+        self.node_busy = NodeBusy(self.live_dir, job, step, node, jobdir, self.node_dumps.limits)
+        self.busy = LeaderBusy(self.live_dir, job, step) if leader else None
+        self.last_sums: list[dict[str, Any]] = []
 
     # ---- the node's part --------------------------------------------------------------
     def node_cycle(self, now: float) -> dict[str, Any]:
@@ -98,6 +107,8 @@ class Watcher:
                 f"rank {r} FR poll: {v['error']}" for r, v in self.last_fr.items()
                 if isinstance(v, dict) and v.get("error")])[:10]
         summary["slow"] = slow.node_part(self.jobdir, current(records))  # collective entry times (S1/S3)
+        pids = {m["pid"]: m.get("g") for c in summary["comms"] for m in c["members"] if isinstance(m.get("pid"), int)}
+        summary["busy"] = self.node_busy.cycle(now, pids, self.node_dumps.job_uid())
         if self.local.update(summary, now):
             summary["snapshots"] = self._snapshot(sizes)
         elif self.snap_digest:
@@ -155,17 +166,26 @@ class Watcher:
 
     def leader_cycle(self, now: float) -> list[dict[str, Any]]:
         sums, problems = self.summaries()
+        self.last_sums = sums
         new = []
-        for hang in self.tracker.update(sums, now):
+        lb = self.busy
+        if lb is not None:
+            lb.see(sums)
+        hangs = self.tracker.update(sums, now, defer=(lambda h: lb.judge(h.members, now)) if lb else None)
+        for hang in hangs:
             f = classify.finding(hang, self.cfg, self.step_dir, self.job)
             f["step"] = self.step
+            why = lb.judge(hang.members, now) if lb is not None else None
+            if why:  # reported at the ceiling although busy: say so
+                f["busy"] = why
             new.append(f)
+        noted = self._notes(now)
         relinked = classify.link_cascades(new, self.doc.get("findings", []))
         if not any(s.get("comms") for s in sums):  # no probe anywhere: the FR poll's view
             for f in self.fr_tracker.update(sums, now, self.job):
                 f["step"] = self.step
                 new.append(f)
-        changed = self._prekill([f for f in new if f.get("kind") != "slow"]) or relinked
+        changed = self._prekill([f for f in new if f.get("kind") != "slow"]) or relinked or noted
         new += self.slow.cycle(sums, self.doc)  # S1-S3: new slow findings, standing ones refreshed
         problems += [f"{s.get('node')}: {p}" for s in sums for p in (s.get("fr_problems") or [])[:2]
                      if isinstance(p, str)]
@@ -176,6 +196,34 @@ class Watcher:
             self.doc["coverage"] = cov
             findings.save(self.cfg.paths.spool, self.job, self.step, self.doc, self.gid)
         return new
+
+    def _notes(self, now: float) -> bool:
+        """Stalls deferred as busy this cycle into the document's notes (one per stall, the
+        latest why), and the suspects' stacks asked; True when the notes changed."""
+        if self.busy is None:
+            return False
+        self.busy.ask(self.tracker.suspects, now)
+        notes, changed = self.doc.setdefault("notes", []), False
+        for hang, why in self.tracker.notes:
+            since = iso(hang.since_wall_ns)
+            old = next((n for n in notes if n.get("comm") == hang.comm and n.get("since") == since), None)
+            if old is not None and old.get("why") == why:
+                continue
+            if old is None:
+                old = {"comm": hang.comm, "label": hang.label, "since": since, "step": self.step}
+                notes.append(old)
+            old.update(why=why, quiet_s=hang.quiet_s, threshold_s=hang.threshold_s, ceiling_s=hang.ceiling_s,
+                       noted=iso(time.time_ns()))
+            changed = True
+        del notes[:-findings.MAX_FINDINGS]
+        return changed
+
+    def _busy_now(self, f: dict[str, Any]) -> str | None:
+        """Why the ranks a finding names are busy now (before on_hang = cancel acts)."""
+        if self.busy is None:
+            return None
+        members = combine(self.last_sums).get(str(f.get("comm")), {}).get("members")
+        return self.busy.judge(members, self.clock()) if members else None
 
     # ---- the loop ---------------------------------------------------------------------
     def step_alive(self) -> bool:

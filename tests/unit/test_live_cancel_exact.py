@@ -151,3 +151,15 @@ def test_leader_refuses_and_says_why_when_the_job_is_not_the_one_it_watched(tmp_
     s2.run = timeout
     c2 = ld2.cancel({"source": "summary"}, _res())
     assert c2["done"] is False and c2["error"] == "scontrol timed out after 15s"
+
+
+def test_leader_withholds_the_cancel_while_the_named_rank_is_busy(tmp_path):
+    busy = {"why": "rank 0: checkpoint at train.py:90 in save_checkpoint, counters moving"}
+    ld, s = _leader(tmp_path, ARRAY, uid=1001, started=STARTED, busy=lambda f: busy["why"])
+    c = ld.cancel({"source": "summary", "class": "H1", "what": "never entered AllReduce #9"}, _res())
+    assert c == {"done": False, "why": "withheld: busy, not stuck (rank 0: checkpoint at train.py:90 in "
+                                       "save_checkpoint, counters moving)"}
+    assert s.scancels() == []
+    busy["why"] = None  # its counters stopped: the same finding is cancelled
+    c = ld.cancel({"source": "summary", "class": "H1", "what": "never entered AllReduce #9"}, _res())
+    assert c["done"] is True and s.scancels() == [["465_6"]]

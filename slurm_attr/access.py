@@ -10,7 +10,6 @@ from __future__ import annotations
 import grp
 import os
 import pwd
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +19,7 @@ from .errors import NotFound, PermissionDenied, SlurmError, StoreError, UnsafePa
 from .model import Verdict
 from .slurm import default_backend
 from .store import Store
+from .waiting import wait_until
 
 
 @dataclass
@@ -136,16 +136,12 @@ def _from_user_copy(cfg: Config, job_id: str, uid: int, name: str, admin: bool) 
 
 def _check_in_accounting(cfg: Config, job_id: str, name: str, admin: bool) -> None:
     slurm = default_backend(cfg.paths.slurm_bin, cfg.paths.slurm_conf, backend=cfg.slurm.backend)
-    row = None
-    for attempt in range(_SETTLE_TRIES):
-        try:
-            row = slurm.sacct_job(job_id)
-        except SlurmError:
-            return  # the copy's answer (not found) stands
-        if admin or not row or row.get("User") == name or row.get("Partition"):
-            break
-        if attempt + 1 < _SETTLE_TRIES:
-            time.sleep(_SETTLE_S)
+    try:
+        row = wait_until(lambda: slurm.sacct_job(job_id), None, _SETTLE_S, f"accounting's own record of job {job_id}",
+                         done=lambda r: bool(admin or not r or r.get("User") == name or r.get("Partition")),
+                         max_tries=_SETTLE_TRIES).value
+    except SlurmError:
+        return  # the copy's answer (not found) stands
     if not row:
         raise NotFound(f"job {job_id} is not in accounting")
     if not admin and row.get("User") != name:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -38,6 +37,7 @@ from .reason import policy
 # for the CLI and tests. Dependencies run one way: drain -> breaker -> slurmstate.
 from .slurmstate import (BLOCK_ALREADY, BLOCK_BREAKER, NOT_OURS, PREFIX, NodeState,  # noqa: F401
                          is_ours, reason_job)
+from .waiting import wait_until
 
 log = logging.getLogger("slurm_attr")
 
@@ -334,13 +334,8 @@ def _resume(slurm: Any, node: str, settle_s: float, poll_s: float) -> tuple[bool
     except SlurmError as err:
         # rc is not trusted (a list resume fails while resuming some): the re-read decides.
         log.info("resume %s: %s", node, err)
-    deadline = time.monotonic() + settle_s
-    while True:
-        after, err = _read_node(slurm, node)
-        if after is not None and not after.drained:
-            break
-        if time.monotonic() >= deadline:
-            break
-        time.sleep(poll_s)
-    ok = after is not None and not after.drained
+    got = wait_until(lambda: _read_node(slurm, node), settle_s, poll_s, f"{node} to leave its drain",
+                     done=lambda read: read[0] is not None and not read[0].drained)
+    after, err = got.value
+    ok = got.ok
     return ok, "resumed" if ok else (err or f"still {'+'.join(sorted(after.words)).lower() if after else '?'}")

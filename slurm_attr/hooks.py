@@ -132,7 +132,7 @@ def _record_fast(cfg: Any, key: str, node: str, acts: list[Any]) -> None:
     Best effort: the drain itself is in Slurm's reason, which the central side reconciles."""
     import json
 
-    from .collect.node import write_private
+    from .collect.nodepart import write_private
 
     node_dir = os.path.join(spool.bundle_dir(cfg.paths.spool, key), "nodes", node)
     try:

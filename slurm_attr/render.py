@@ -14,22 +14,26 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+import click
+
 from . import jobtext
 from .model import Action, Symptom, Verdict
 
-_COLORS = {"hardware": "31", "network": "35", "user": "33", "scheduler": "36", "infrastructure": "34",
-           "none": "32", "unknown": "37"}
+# A verdict's domain in a terminal: its cause in this colour, here and in `sattr list`.
+DOMAIN_COLORS = {"hardware": "red", "network": "magenta", "user": "yellow", "scheduler": "cyan",
+                 "infrastructure": "blue", "none": "green", "unknown": "white"}
 _WIDTH = 72
 _SHOWN_EVIDENCE = 3
 _SHOWN_WHERE = 6
 
 
-def _c(text: str, code: str, color: bool) -> str:
-    return f"\x1b[{code}m{text}\x1b[0m" if color else text
+def in_domain_color(text: str, domain: str, color: bool = True) -> str:
+    """``text`` (already printable) in the colour of ``domain`` when ``color``; as it is otherwise."""
+    return click.style(text, fg=DOMAIN_COLORS.get(domain)) if color else text
 
 
 def _bold(text: str, color: bool) -> str:
-    return _c(text, "1", color)
+    return click.style(text, bold=True) if color else text
 
 
 def _runtime(job: dict[str, Any]) -> str:
@@ -110,7 +114,7 @@ def _header(v: Verdict, job: dict[str, Any], color: bool) -> list[str]:
 
 def _verdict_block(v: Verdict, color: bool) -> list[str]:
     head = f"{v.cause} ({v.domain})" + ("  [ambiguous]" if v.ambiguous else "")
-    lines = ["", f"Verdict: {_c(head, _COLORS.get(v.domain, '0'), color)}"]
+    lines = ["", f"Verdict: {in_domain_color(head, v.domain, color)}"]
     if v.summary:
         lines.append(f"  {v.summary}")
     culprit = []

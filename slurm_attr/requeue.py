@@ -36,6 +36,7 @@ from .reason import policy
 from .slurm.base import FINAL_STATES
 from .slurm.hostlist import expand
 from .slurmstate import NodeState
+from .waiting import wait_until
 
 log = logging.getLogger("slurm_attr")
 
@@ -220,14 +221,9 @@ def _restarts(rec: dict[str, str]) -> int:
 
 def _settled(slurm: Any, job_id: str, sleep: Callable[[float], None]) -> tuple[dict[str, str] | None, str]:
     """The job's record once it is no longer COMPLETING (bounded); (None, why) otherwise."""
-    deadline = time.monotonic() + COMPLETING_WAIT_S
-    while True:
-        rec, err = _read_job(slurm, job_id)
-        if rec is None:
-            return None, err
-        if "COMPLETING" not in str(rec.get("JobState", "")) or time.monotonic() >= deadline:
-            return rec, ""
-        sleep(0.5)
+    got = wait_until(lambda: _read_job(slurm, job_id), COMPLETING_WAIT_S, 0.5, f"job {job_id} to leave COMPLETING",
+                     done=lambda r: r[0] is None or "COMPLETING" not in str(r[0].get("JobState", "")), sleep=sleep)
+    return got.value
 
 
 def _eligible_job(cfg: Config, d: Decision, rec: dict[str, str], ours: list[dict[str, Any]]) -> str:
@@ -285,16 +281,14 @@ def _carry_out(cfg: Config, d: Decision, verdict: Verdict, job: dict[str, Any], 
 def _wait_requeued(slurm: Any, job_id: str, before: int, expedite: bool,
                    sleep: Callable[[float], None]) -> dict[str, str] | None:
     """The job's record once it shows the new attempt (pending again, Restarts moved on)."""
-    deadline = time.monotonic() + SETTLE_S
-    while True:
-        rec, _err = _read_job(slurm, job_id)
-        if rec is not None:
-            state = str(rec.get("JobState", "")).split(" ")[0]
-            if state not in FINAL_STATES and state != "REQUEUE_HOLD" and (expedite or _restarts(rec) > before):
-                return rec
-        if time.monotonic() >= deadline:
-            return None
-        sleep(0.2)
+    def requeued(rec: dict[str, str] | None) -> bool:
+        state = str((rec or {}).get("JobState", "")).split(" ")[0]
+        return (rec is not None and state not in FINAL_STATES and state != "REQUEUE_HOLD"
+                and (expedite or _restarts(rec) > before))
+
+    got = wait_until(lambda: _read_job(slurm, job_id)[0], SETTLE_S, 0.2, f"job {job_id}'s next attempt",
+                     done=requeued, sleep=sleep)
+    return got.value if got.ok else None
 
 
 def _exclude(slurm: Any, job_id: str, rec: dict[str, str], nodes: list[str]) -> tuple[list[str], str]:

@@ -34,6 +34,7 @@ import time
 from typing import Any
 
 from . import safefs
+from .atomicfile import write_atomic
 from .config import Config
 from .errors import NotFound, UnsafePath
 from .model import Verdict
@@ -165,15 +166,7 @@ def publish(cfg: Config, job: dict[str, Any], verdict: Verdict) -> str | None:
                 "verdict": verdict.to_dict(),
             }
             data = json.dumps(body, indent=1).encode()
-            tmp = f".{job_id}.{os.getpid()}.tmp"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=uid_fd)
-            try:
-                os.fchmod(fd, 0o644)
-                os.write(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.rename(tmp, f"{job_id}.json", src_dir_fd=uid_fd, dst_dir_fd=uid_fd)
+            write_atomic(f"{job_id}.json", data, mode=0o644, durable=True, dir_fd=uid_fd)
             return f"{root}/{uid}/{job_id}.json"
         finally:
             os.close(uid_fd)

@@ -17,6 +17,17 @@ def repo_root() -> Path:
 
 
 @pytest.fixture(scope="session")
+def gen_fr(repo_root: Path):
+    """bench/gen_fr.py, the Flight Recorder dump generator, as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen_fr", repo_root / "bench" / "gen_fr.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="session")
 def shared_fixtures() -> Path:
     path = SHARED / "fixtures"
     if not path.is_dir():
@@ -33,6 +44,24 @@ def spool_cfg(tmp_path):
     c.paths.spool = str(tmp_path / "spool")
     c.paths.database = str(tmp_path / "db" / "sattr.db")
     c.intake.queue_dir = str(tmp_path / "q")
+    return c
+
+
+@pytest.fixture
+def cfg(tmp_path):
+    """A node's config, all under the test's own directory: evidence root (made), spool and
+    node state, and the kernel log read from the file kern-<node>.log. A test file that needs
+    more (another window slack, a slurm.conf) overrides it with ``def cfg(cfg)``; files whose
+    tests read a verdict store keep a ``cfg`` of their own."""
+    from slurm_attr.config import Config
+
+    c = Config()
+    c.paths.evidence_root = str(tmp_path / "evidence")
+    c.paths.spool = str(tmp_path / "spool")
+    c.paths.node_state = str(tmp_path / "state")
+    c.collect.kernel_source = "file"
+    c.collect.kernel_file = str(tmp_path / "kern-%n.log")
+    os.makedirs(c.paths.evidence_root)
     return c
 
 

@@ -4,13 +4,13 @@ Admins only: the store is root's."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from typing import Any
 
 import click
 
 from .. import jobtext
+from ..atomicfile import write_atomic
 from ..errors import SattrError, SlurmError
 from ..slurm import default_backend
 from ..slurmstate import NodeState
@@ -192,11 +192,9 @@ def fleet_report_command(ctx: click.Context, since: str, html_path: str | None, 
         from ..fleet.html import render_fleet_html
 
         page = render_fleet_html(data)
-        tmp = f"{html_path}.tmp{os.getpid()}"
         try:
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write(page)
-            os.replace(tmp, html_path)
+            # Readable by the web server that shows it, as open() under the usual umask made it.
+            write_atomic(html_path, page.encode("utf-8"), mode=0o644, durable=False)
         except OSError as err:
             raise SattrError(f"cannot write {html_path}: {err}") from err
         click.echo(f"wrote {html_path}", err=as_json)

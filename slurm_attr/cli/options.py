@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from typing import Any, Callable
 
@@ -93,4 +94,6 @@ def _key(key: Any) -> str:
 
 
 def use_color() -> bool:
-    return sys.stdout.isatty()
+    """Colour only on a terminal, and never where NO_COLOR is set to anything (no-color.org).
+    Styled text never reaches a file or a pipe: the tests and scripts read it plain."""
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")

@@ -16,6 +16,8 @@ from datetime import datetime
 from typing import Any
 
 from .. import safefs, spool
+from ..atomicfile import write_atomic
+from ..waiting import wait_until
 from . import provenance
 from ..errors import SlurmError, UnsafePath
 from ..slurm.base import SlurmAccess
@@ -56,16 +58,7 @@ def tail_output(path: str, uid: int | None, cap: int) -> tuple[bytes, str, str]:
 def _write(path: str, data: bytes) -> None:
     """Root-only (0600), never through a link: job.json names the user, uid, account, job
     name and output path, which other users must not read (issue 10, item 5)."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)  # a leftover tmp file keeps its old mode otherwise
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    write_atomic(path, data, mode=0o600, durable=False)
 
 
 def scheduler_lines(log_paths: list[str], slurm_job_id: str, cap: int) -> list[str]:
@@ -252,11 +245,11 @@ def guard_imitated(facts: dict[str, Any], raw: str, job_id: str) -> dict[str, An
 
 def wait_for_nodes(bundle_dir: str, nodes: list[str], deadline: float, poll: float = 0.2) -> list[str]:
     """Wait until every node's collect.json exists or the deadline passes; return the missing."""
-    while True:
-        missing = [n for n in nodes if not _is_file(os.path.join(bundle_dir, "nodes", n, "collect.json"))]
-        if not missing or time.monotonic() >= deadline:
-            return missing
-        time.sleep(poll)
+    def missing() -> list[str]:
+        return [n for n in nodes if not _is_file(os.path.join(bundle_dir, "nodes", n, "collect.json"))]
+
+    return wait_until(missing, deadline - time.monotonic(), poll, f"the node parts of {bundle_dir}",
+                      done=lambda left: not left).value
 
 
 def wait_for_epilogs(slurm: Any, job_id: str, deadline: float, poll: float = 0.3) -> bool:
@@ -264,16 +257,18 @@ def wait_for_epilogs(slurm: Any, job_id: str, deadline: float, poll: float = 0.3
     COMPLETING until every node's epilog (and so its fast path) has finished. Wait for that, or
     the deadline; True when it finished. A controller that does not answer (or no longer knows
     the job) ends the wait: there is nothing better to wait for."""
-    while True:
+    def state() -> str:
         try:
             rec = slurm.show_job(job_id)
         except Exception:  # noqa: BLE001 - any backend error: stop waiting, analyse what there is
-            return False
+            return "unknown"
         if not rec or "COMPLETING" not in str(rec.get("JobState", "")).upper():
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(poll)
+            return "finished"
+        return "completing"
+
+    got = wait_until(state, deadline - time.monotonic(), poll, f"the node epilogs of job {job_id}",
+                     done=lambda s: s != "completing")
+    return got.value == "finished"
 
 
 def _is_file(path: str) -> bool:

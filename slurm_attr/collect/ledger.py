@@ -26,6 +26,7 @@ import stat
 import time
 from typing import Iterable, Optional
 
+from ..atomicfile import write_atomic
 from .kernel import line_key  # the event's identity (kernel.py: a low module bundle.py reads too)
 
 MAX_ENTRIES = 20000
@@ -134,16 +135,7 @@ class Ledger:
         kept.sort(key=lambda kv: kv[1][1])
         kept = kept[-MAX_ENTRIES:]
         data = json.dumps({"v": 1, "lines": dict(kept)}, separators=(",", ":")).encode()
-        tmp = f"{self.name}.tmp{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                     dir_fd=self._dfd)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.name, src_dir_fd=self._dfd, dst_dir_fd=self._dfd)
+        write_atomic(self.name, data, mode=0o600, durable=False, dir_fd=self._dfd)
 
     def owner(self, key: str) -> Optional[str]:
         v = self.lines.get(key)
@@ -209,16 +201,7 @@ def write_state_file(state_dir: str, name: str, data: bytes) -> None:
     """Replace a file of the node state dir whole (written beside it, then renamed)."""
     dfd = _safe_dir(state_dir)
     try:
-        tmp = f"{name}.tmp{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                     dir_fd=dfd)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
-        os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        write_atomic(name, data, mode=0o600, durable=False, dir_fd=dfd)
     finally:
         os.close(dfd)
 

@@ -24,7 +24,7 @@ import re
 import stat
 from typing import Any
 
-from .. import safefs
+from .. import atomicfile, safefs
 from ..errors import UnsafePath
 
 LIVE = "live"
@@ -33,7 +33,6 @@ FINDING_CAP = 1 << 20
 _NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _JOB = re.compile(r"^\d{1,12}(?:_\d{1,9})?$")
 _STEP = re.compile(r"^(?:\d{1,10}|batch|interactive)$")
-_WFLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 
 def valid_node(name: str) -> bool:
@@ -93,29 +92,8 @@ def write_atomic(base: str, rel_dir: str, name: str, data: bytes, mode: int = 0o
                  gid: int | None = None) -> None:
     """base/rel_dir/name := data, whole or not at all (temp file + rename in one dir fd)."""
     dfd = _ensure_sub(base, rel_dir)
-    tmp = f".{name}.{os.getpid()}.tmp"
     try:
-        try:
-            os.unlink(tmp, dir_fd=dfd)
-        except FileNotFoundError:
-            pass
-        fd = os.open(tmp, _WFLAGS, mode, dir_fd=dfd)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            if gid is not None:
-                os.fchown(fd, -1, gid)
-            os.fchmod(fd, mode)
-        finally:
-            os.close(fd)
-        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-    except BaseException:
-        try:
-            os.unlink(tmp, dir_fd=dfd)
-        except OSError:
-            pass
-        raise
+        atomicfile.write_atomic(name, data, mode=mode, durable=False, dir_fd=dfd, gid=gid)
     finally:
         os.close(dfd)
 

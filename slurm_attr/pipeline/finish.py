@@ -24,6 +24,7 @@ from ..errors import SattrError, SlurmError
 from ..model import Coverage, Verdict
 from ..slurm.base import SlurmAccess
 from ..store import Store
+from ..waiting import wait_until
 from . import settle
 
 log = logging.getLogger("slurm_attr")
@@ -203,16 +204,22 @@ def flush_comments(cfg: Config, slurm: SlurmAccess, store: Store, job_ids: list[
     """Write the queued comments of ``job_ids`` together (comment.write_many); a job accounting
     has no record of yet is asked again (slurmdbd may lag the end by a second or two), the
     others wait in the queue when accounting is down. {job id: error} of those not written."""
-    todo, failed = list(job_ids), {}
-    delay = 0.5
-    for _ in range(6):
+    todo = list(job_ids)
+
+    def write() -> dict[str, str]:
+        nonlocal todo
         got = comment.write_many(slurm, store, todo, cfg.comment.max_attempts, cfg.comment.max_len)
         failed = {j: err for j, (ok, err) in got.items() if not ok}
         todo = [j for j, err in failed.items() if "no record" in err]
-        if not todo or any("no record" not in e and "did not keep" not in e for e in failed.values()):
-            break  # accounting is down, not lagging: the queue retries later
-        sleep(delay)
-        delay = min(delay * 2, 4.0)
+        return failed
+
+    def settled(failed: dict[str, str]) -> bool:
+        # All written, or accounting is down, not lagging: the queue retries later.
+        return not todo or any("no record" not in e and "did not keep" not in e for e in failed.values())
+
+    pauses = iter((0.5, 1.0, 2.0, 4.0, 4.0))  # doubling, at most 4 s, between six tries
+    failed = wait_until(write, None, lambda _: next(pauses), f"accounting's records of {len(job_ids)} job(s) to comment",
+                        done=settled, max_tries=6, sleep=sleep).value
     for j, err in failed.items():
         log.info("job %s: comment not written yet (%s)", j, err)
     return failed

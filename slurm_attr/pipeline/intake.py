@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 from .. import spool
+from ..atomicfile import write_atomic
 from ..config import Config
 
 log = logging.getLogger("slurm_attr")
@@ -47,30 +48,9 @@ def backoff(attempts: int, cap: float) -> float:
 
 
 def _atomic_write(path: str, doc: dict[str, Any]) -> None:
-    d = os.path.dirname(path)
-    os.makedirs(d, mode=0o700, exist_ok=True)
-    tmp = os.path.join(d, f".{os.path.basename(path)}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    try:
-        data = json.dumps(doc, indent=1, default=str).encode()
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        os.unlink(tmp)
-        raise
-    os.close(fd)
-    os.replace(tmp, path)
-    try:  # the rename itself survives a crash only once the directory is synced
-        dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
+    # Durable: the pending file is the only record of an ended job until its verdict is stored.
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    write_atomic(path, json.dumps(doc, indent=1, default=str).encode(), mode=0o600, durable=True)
 
 
 def load(cfg: Config, key: str) -> dict[str, Any] | None:

@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 from ..analysis import Gathered, gather
+from ..atomicfile import write_atomic
 from ..config import Config
 from ..errors import SlurmError
 from ..slurm.base import FINAL_STATES
@@ -123,16 +124,8 @@ def write_result(bundle_dir: str, cfg: Config) -> int:
     t0 = time.monotonic()
     g = gather(bundle_dir, cfg, read_job_json(bundle_dir) or None)
     data = json.dumps(g.to_dict(), default=str).encode()
-    tmp = os.path.join(bundle_dir, f".{RESULT}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, os.path.join(bundle_dir, RESULT))
+    # Durable like the intake: the worker takes the result's presence as the analysis done.
+    write_atomic(os.path.join(bundle_dir, RESULT), data, mode=0o600, durable=True)
     log.info("%s: %d symptoms, %d coverage entries in %.1f s", bundle_dir, len(g.symptoms), len(g.coverage),
              time.monotonic() - t0)
     return 0

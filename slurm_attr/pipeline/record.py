@@ -103,7 +103,7 @@ def ingest(cfg: Any) -> int:
 def _facts_to_spool(cfg: Any, key: str, job: dict[str, Any]) -> None:
     import json
 
-    from ..collect.node import write_private
+    from ..collect.nodepart import write_private
 
     bdir = spool.bundle_dir(cfg.paths.spool, key)
     try:

@@ -16,6 +16,7 @@ from typing import Any
 from ..collect import jobstate
 from ..errors import SattrError, SlurmError
 from ..slurm.base import SlurmAccess
+from ..waiting import wait_until
 
 log = logging.getLogger("slurm_attr")
 
@@ -62,19 +63,26 @@ def settle_state(slurm: SlurmAccess, job: dict[str, Any], deadline: float) -> tu
     Accounting's final word wins; while it is down, or still without a final state at the
     deadline (slurmdbd catching up after an outage), slurmctld's final word is taken."""
     raw = str(job.get("slurm_job_id") or job.get("job_id", ""))
-    while True:
+
+    def ask() -> tuple[dict[str, Any], SlurmError | None]:
+        nonlocal job
         try:
             row = slurm.sacct_job(raw)
         except SlurmError as err:
             log.info("job %s: accounting not answering (%s); asking slurmctld", raw, err)
             job = _from_slurmctld(slurm, job, raw)
-            if job.get("state_source") == "scontrol" or time.monotonic() >= deadline:
-                return job, str(err)[:300]
-            time.sleep(1.0)
-            continue
+            return job, err
         job = jobstate.refresh_state(job, row)
-        if job.get("state_source") == "sacct":
-            return job, ""
-        if time.monotonic() >= deadline:
-            return _from_slurmctld(slurm, job, raw), ""
-        time.sleep(0.5)
+        return job, None
+
+    def settled(got: tuple[dict[str, Any], SlurmError | None]) -> bool:
+        # Down: slurmctld's final word will do. Up: only accounting's own.
+        return got[0].get("state_source") == ("scontrol" if got[1] is not None else "sacct")
+
+    # A controller that does not answer is asked again less often than one that is catching up.
+    got = wait_until(ask, deadline - time.monotonic(), lambda got: 1.0 if got[1] is not None else 0.5,
+                     f"accounting's final state of job {raw}", done=settled)
+    job, err = got.value
+    if err is not None:
+        return job, str(err)[:300]
+    return (job, "") if got.ok else (_from_slurmctld(slurm, job, raw), "")

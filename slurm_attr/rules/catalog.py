@@ -34,16 +34,15 @@ import os
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from .. import model
 from ..errors import RuleError
 from ..model import ACTION_KINDS, CAUSES, ROLES, domain_of
-from . import literals, speccache
+from . import literals, regextree, speccache
 from .pyrule import DocTable, HistoryRule, JobRefiner, JobRule, Refiner
+from .rulefiles import RULEBOOK, module_names, rule_files
 
-RULEBOOK = "slurm_attr.rulebook"
-POLICY_FILE = "policy.toml"  # the cause policy beside the rules (reason/policy.py), not a rule
 SOURCES = ("kernel", "scheduler", "slurm", "stdout", "stderr", "nccl", "journal")
 STATUSES = ("experimental", "stable", "deprecated")
 ID_RE = re.compile(r"^[a-z][a-z0-9]*\.[a-z0-9_]+$")
@@ -256,50 +255,6 @@ def _parse_cases(path: str, raw: Any, sources: Sequence[str]) -> tuple[Case, ...
     return tuple(cases)
 
 
-def _toml_files(root: Any) -> Iterator[tuple[str, bytes]]:
-    """(display path, bytes) of every *.toml below a Traversable or directory, sorted."""
-    stack = [(root, "")]
-    found = []
-    while stack:
-        node, rel = stack.pop()
-        for child in node.iterdir():
-            name = child.name
-            if name.startswith((".", "_")):
-                continue
-            if child.is_dir():
-                stack.append((child, f"{rel}{name}/"))
-            elif name.endswith(".toml"):
-                found.append((f"{rel}{name}", child))
-    for rel, child in sorted(found, key=lambda t: t[0]):
-        yield rel, child.read_bytes()
-
-
-def _rulebook_root() -> Any:
-    """The built-in catalog's directory: the package's own path when it is a directory (as
-    installed, or editable), without importing importlib.resources' readers (~10 ms of every
-    start); its Traversable otherwise (a zipped install)."""
-    pkg = importlib.import_module(RULEBOOK)
-    for path in getattr(pkg, "__path__", None) or ():
-        if os.path.isdir(path):
-            return _Dir(path)
-    from importlib import resources
-
-    return resources.files(RULEBOOK)
-
-
-def _rule_files(extra_dir: Optional[str]) -> list[tuple[str, bytes]]:
-    """(display path, bytes) of every TOML rule: the built-in catalog (not its cause policy,
-    reason/policy.py's table), then the site's."""
-    files = [(f"rules/{rel}", raw) for rel, raw in _toml_files(_rulebook_root()) if rel != POLICY_FILE]
-    if extra_dir:
-        if not os.path.isdir(extra_dir):
-            raise RuleError(f"{extra_dir}: site rule directory does not exist")
-        # Site rules are declarative only: a config path must never make root run Python.
-        label = extra_dir.rstrip("/")
-        files += [(f"{label}/{rel}", raw) for rel, raw in _toml_files(_Dir(extra_dir))]
-    return files
-
-
 def _parse_toml_rules(files: Sequence[tuple[str, bytes]]) -> list[Rule]:
     # imported here: with the spec cache warm, an analysis parses no TOML at all
     if sys.version_info >= (3, 11):
@@ -326,9 +281,7 @@ def _load_python_modules() -> tuple[list[JobRule], list[HistoryRule], dict[str, 
     history: list[HistoryRule] = []
     refiners: dict[str, Refiner] = {}
     tables: list[DocTable] = []
-    root = _rulebook_root()
-    names = sorted(c.name[:-3] for c in root.iterdir() if c.name.endswith(".py") and not c.name.startswith("_"))
-    for name in names:
+    for name in module_names():
         path = f"rules/{name}.py"
         try:
             mod = importlib.import_module(f"{RULEBOOK}.{name}")
@@ -374,7 +327,7 @@ def build_catalog(extra_dir: Optional[str] = None) -> Catalog:
     Inline cases are not run here (selftest.check_catalog runs them; ``sattr rules test``
     and CI do): an analysis must not pay for them, nor fail on a rule's example.
     """
-    return _assemble(_parse_toml_rules(_rule_files(extra_dir)), extra_dir)
+    return _assemble(_parse_toml_rules(rule_files(extra_dir)), extra_dir)
 
 
 def _assemble(rules: list[Rule], extra_dir: Optional[str]) -> Catalog:
@@ -429,9 +382,9 @@ def _from_cache(key: str) -> Optional[list[Rule]]:
 
 @functools.lru_cache(maxsize=8)
 def _cached(extra_dir: Optional[str]) -> Catalog:
-    files = _rule_files(extra_dir)
+    files = rule_files(extra_dir)
     # keyed by the rule files and by the code that validates them and derives their literals
-    key = speccache.key_for(files, (__file__, model.__file__, literals.__file__))
+    key = speccache.key_for(files, (__file__, model.__file__, literals.__file__, regextree.__file__))
     rules = _from_cache(key)
     if rules is None:
         rules = _parse_toml_rules(files)
@@ -443,22 +396,3 @@ def load_catalog(extra_dir: Optional[str] = None) -> Catalog:
     """The validated catalog (cached per extra_dir, in memory and on disk by the rule files'
     hashes); raises RuleError naming the file and reason. Inline cases are not run."""
     return _cached(os.path.abspath(extra_dir) if extra_dir else None)
-
-
-class _Dir:
-    """A plain directory with the little of importlib's Traversable that _toml_files uses."""
-
-    def __init__(self, path: str):
-        self.path = path
-        self.name = os.path.basename(path.rstrip("/"))
-
-    def iterdir(self) -> Iterator["_Dir"]:
-        for name in sorted(os.listdir(self.path)):
-            yield _Dir(os.path.join(self.path, name))
-
-    def is_dir(self) -> bool:
-        return os.path.isdir(self.path) and not os.path.islink(self.path)
-
-    def read_bytes(self) -> bytes:
-        with open(self.path, "rb") as f:
-            return f.read(1 << 20)

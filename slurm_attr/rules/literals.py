@@ -6,31 +6,24 @@ benign kernel lines, while the rule wants one of "Fatal error", "health
 compromised", ...; NCCL's INFO chatter holds "NCCL" but not the WARN text a rule
 needs. Every such line cost a decode and a regex search in Python.
 
-``required_any(pattern)`` reads the regex's parse tree (the ``re`` module's own
-parser) and returns a set of lower-cased ASCII literals of which every match
-contains at least one - or None when it cannot prove one. The prefilter finds those
-literals in the same Aho-Corasick pass as the keywords and hands a line to a rule
-only when both are there. Like grep's and ripgrep's literal extraction, it only
-ever skips lines the regex could not match: when in doubt (case-insensitive parts,
-anything it does not understand) it returns None and the keywords alone decide.
+``required_any(pattern)`` reads the regex's parse tree (regextree.py: a small parser of
+the syntax ``re`` accepts, since the standard library's own parser is private) and returns
+a set of lower-cased ASCII literals of which every match contains at least one - or None
+when it cannot prove one. The prefilter finds those literals in the same Aho-Corasick pass
+as the keywords and hands a line to a rule only when both are there. Like grep's and
+ripgrep's literal extraction, it only ever skips lines the regex could not match: when in
+doubt (case-insensitive parts, anything it does not understand) it returns None and the
+keywords alone decide.
 """
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, Optional
+from typing import Iterable, Optional, Sequence
 
-try:  # Python 3.11+
-    from re import _constants as _c
-    from re import _parser as _sre_parse
-except ImportError:  # pragma: no cover - Python < 3.11
-    import sre_constants as _c  # type: ignore[no-redef]
-    import sre_parse as _sre_parse  # type: ignore[no-redef]
+from .regextree import Atomic, Branch, Group, Node, Repeat, parse
 
 MIN_LEN = 4  # shorter literals hit too many lines to be worth a check
 _EDGES = " \t:;,.=-_()[]<>'\"/"  # trimmed before asking whether a keyword already holds a literal
-_REPEATS = tuple(getattr(_c, name) for name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT") if hasattr(_c, name))
-_ATOMIC = getattr(_c, "ATOMIC_GROUP", None)
-
 Factor = frozenset  # of str: a match contains at least one of them
 
 
@@ -51,44 +44,42 @@ class _Walk:
             self.factors.append(frozenset(["".join(self.run)]))
             self.run = []
 
-    def items(self, items: Any) -> None:
-        for op, av in items:
-            if op is _c.LITERAL and av < 128 and av != 10:  # a newline: lines are searched one by one
-                self.run.append(chr(av).lower())
-            elif op is _c.AT:
+    def items(self, items: Sequence[Node]) -> None:
+        for item in items:
+            if isinstance(item, tuple) and item[0] == "lit" and item[1].isascii() and item[1] != "\n":
+                self.run.append(item[1].lower())  # not a newline: lines are searched one by one
+            elif isinstance(item, tuple) and item[0] == "at":
                 continue  # an anchor consumes nothing: the literals around it stay adjacent
-            elif op is _c.SUBPATTERN:
-                _group, add_flags, _del_flags, sub = av
-                if add_flags & re.IGNORECASE:
+            elif isinstance(item, Group):
+                if item.ignorecase:
                     self.flush()  # (?i:...) may match non-ASCII case variants: prove nothing there
                     continue
-                self.items(sub)  # a group is mandatory, and adjacent to what surrounds it
-            elif _ATOMIC is not None and op is _ATOMIC:
-                self.items(av)
-            elif op in _REPEATS:
-                lo, _hi, sub = av
+                self.items(item.items)  # a group is mandatory, and adjacent to what surrounds it
+            elif isinstance(item, Atomic):
+                self.items(item.items)
+            elif isinstance(item, Repeat):
                 self.flush()
-                if lo >= 1:
-                    best = best_factor(sub)
+                if item.lo >= 1:
+                    best = best_factor(item.items)
                     if best:
                         self.factors.append(best)
-            elif op is _c.BRANCH:
+            elif isinstance(item, Branch):
                 self.flush()
-                alts = [best_factor(alt) for alt in av[1]]
+                alts = [best_factor(alt) for alt in item.alternatives]
                 if alts and all(alts):
                     self.factors.append(frozenset().union(*alts))  # type: ignore[arg-type]
             else:
                 self.flush()  # a class, any-char, back-reference, lookaround: the run ends here
 
 
-def _factors(items: Any) -> list[Factor]:
+def _factors(items: Sequence[Node]) -> list[Factor]:
     walk = _Walk()
     walk.items(items)
     walk.flush()
     return [f for f in walk.factors if f and all(f)]
 
 
-def best_factor(items: Any) -> Optional[Factor]:
+def best_factor(items: Sequence[Node]) -> Optional[Factor]:
     """The most selective factor of a parsed sequence, or None when it has none."""
     found = _factors(items)
     return max(found, key=_score) if found else None
@@ -102,10 +93,10 @@ def required_any(pattern: str, flags: int = 0, keywords: Iterable[str] = ()) -> 
     "mlx5_core": every line the keyword selects has it, so it filters nothing).
     """
     try:
-        tree = _sre_parse.parse(pattern, flags)
-    except (re.error, RecursionError, OverflowError, ValueError):
+        tree = parse(pattern, flags)
+    except (re.error, RecursionError, OverflowError, ValueError, KeyError):
         return None
-    if tree.state.flags & re.IGNORECASE:
+    if tree.flags & re.IGNORECASE:
         return None  # unicode case folding ('K' for k, 'ſ' for s): a lowered byte search could miss
     kws = [k.lower() for k in keywords]
 
@@ -113,6 +104,6 @@ def required_any(pattern: str, flags: int = 0, keywords: Iterable[str] = ()) -> 
         core = lit.strip(_EDGES)
         return not core or any(core in kw for kw in kws)
 
-    found = [f for f in _factors(tree)
+    found = [f for f in _factors(tree.items)
              if min(len(s) for s in f) >= MIN_LEN and not any(implied(lit) for lit in f)]
     return max(found, key=_score) if found else None

@@ -26,6 +26,8 @@ import os
 import stat
 from typing import Any, Optional, Sequence
 
+from ..atomicfile import write_atomic
+
 VERSION = 1  # of the spec layout below
 MAX_BYTES = 16 << 20  # a catalog is ~0.5 MB; anything far larger is not ours
 KEEP = 8  # cache files kept per directory (one per catalog variant: built-in, each site dir)
@@ -115,23 +117,13 @@ def save(key: str, rules: Sequence[Any]) -> None:
     dfd = _open_dir(path)
     if dfd is None:
         return
-    tmp = f".{_PREFIX}{key[:40]}.{os.getpid()}.tmp"
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dfd)
-        try:
-            view = memoryview(raw)
-            while view:
-                view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
-        # Atomic: a concurrent reader sees the old entry or the whole new one.
-        os.replace(tmp, f"{_PREFIX}{key[:40]}.json", src_dir_fd=dfd, dst_dir_fd=dfd)
+        # Atomic: a concurrent reader sees the old entry or the whole new one. Not durable: a
+        # lost entry costs one parse of the catalog.
+        write_atomic(f"{_PREFIX}{key[:40]}.json", raw, mode=0o644, durable=False, dir_fd=dfd)
         _prune(dfd)
     except OSError:
-        try:
-            os.unlink(tmp, dir_fd=dfd)
-        except OSError:
-            pass
+        pass
     finally:
         os.close(dfd)
 

@@ -249,3 +249,50 @@ def test_show_refuses_other_users_job_with_exit_5(env):
     res = env.run("60", user="bob")
     assert res.exit_code == 5 and "belongs to another user" in res.output
     assert env.run("60", user="alice").exit_code == 0
+
+
+def test_text_table_pads_plain_columns_and_leaves_cells_as_they_are():
+    rows = [["1", "  gpu 0", "\x1b[31mhw\x1b[0m", "x  "], ["12345", "bob", "user_error", "ok"]]
+    assert ops.text_table(rows, ["JOB", "NODE", "CAUSE", "SUMMARY"]).split("\n") == [
+        "JOB    NODE     CAUSE       SUMMARY",
+        "1        gpu 0  \x1b[31mhw\x1b[0m          x",  # left-aligned numbers, an indent kept, colour not counted
+        "12345  bob      user_error  ok",
+    ]
+    # near miss: one row, so no column wider than its header needs
+    assert ops.text_table([["7", "n1"]], ["JOB", "NODE"]) == "JOB  NODE\n7    n1"
+    assert ops.text_table([], ["JOB", "NODE"]) == ""
+
+
+class _Tty:
+    def __init__(self, tty):
+        self.tty = tty
+
+    def isatty(self):
+        return self.tty
+
+
+@pytest.mark.parametrize("tty, no_color, expect", [
+    (True, None, True), (True, "", True),  # NO_COLOR set but empty does not count (no-color.org)
+    (True, "1", False), (True, "0", False),  # any other value turns colour off
+    (False, None, False),  # a pipe or a file: never
+])
+def test_colour_only_on_a_terminal_and_never_with_no_color(monkeypatch, tty, no_color, expect):
+    from slurm_attr.cli import options
+
+    monkeypatch.setattr(options.sys, "stdout", _Tty(tty))
+    if no_color is None:
+        monkeypatch.delenv("NO_COLOR", raising=False)
+    else:
+        monkeypatch.setenv("NO_COLOR", no_color)
+    assert options.use_color() is expect
+
+
+def test_list_colours_the_cause_by_domain_only_when_asked(env, monkeypatch):
+    _save(env.store, "10", "alice", "gpu_hardware")
+    _save(env.store, "11", "bob", "user_error", nodes=("n3",))
+    monkeypatch.setattr(ops, "use_color", lambda: True)
+    out = CliRunner().invoke(main, ["--config", env.cfg, "list"], color=True).output
+    assert "\x1b[31mgpu_hardware\x1b[0m" in out and "\x1b[33muser_error\x1b[0m" in out
+    monkeypatch.setattr(ops, "use_color", lambda: False)
+    plain = env.run("list").output
+    assert "\x1b[" not in plain and "gpu_hardware" in plain and "user_error" in plain

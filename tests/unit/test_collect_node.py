@@ -2,21 +2,9 @@ import json
 import os
 import time
 
-import pytest
 
-from slurm_attr.collect.node import NodeJob, collect_node, safe_name
-from slurm_attr.config import Config
-
-
-@pytest.fixture
-def cfg(tmp_path):
-    c = Config()
-    c.paths.evidence_root = str(tmp_path / "evidence")
-    c.paths.spool = str(tmp_path / "spool")
-    c.collect.kernel_source = "file"
-    c.collect.kernel_file = str(tmp_path / "kern-%n.log")
-    os.makedirs(c.paths.evidence_root)
-    return c
+from slurm_attr.collect.jobfiles import safe_name
+from slurm_attr.collect.node import NodeJob, collect_node
 
 
 def _jobdir(cfg, job="42"):

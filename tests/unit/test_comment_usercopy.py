@@ -117,6 +117,30 @@ def test_unknown_uid_publishes_nothing(cfg):
     assert usercopy.publish(cfg, {}, _v()) is None
 
 
+def _reachable_python(base, uid):
+    """An interpreter and a copy of the package that ``uid`` can reach, under ``base`` (0755):
+    the checkout and its venv may sit in a 0700 home (/root/src), where only root gets through.
+    The probe needs the standard library alone, so the venv's base interpreter runs it; where
+    even that is out of reach (a Python built under /root), the test cannot run as ``uid``."""
+    pkg = os.path.join(base, "pkg")
+    shutil.copytree(os.path.dirname(usercopy.__file__), os.path.join(pkg, "slurm_attr"),
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for d, _dirs, files in os.walk(pkg):
+        os.chmod(d, 0o755)
+        for name in files:
+            os.chmod(os.path.join(d, name), 0o644)
+    python = os.path.realpath(sys.executable)
+    env = dict(os.environ, PYTHONPATH=pkg)
+    try:
+        check = subprocess.run([python, "-c", "import slurm_attr.usercopy"], user=uid, group=uid, extra_groups=[],
+                               capture_output=True, text=True, env=env, cwd="/")
+    except OSError as err:  # the interpreter itself is out of reach
+        pytest.skip(f"uid {uid} cannot run {python}: {err}")
+    if check.returncode != 0:
+        pytest.skip(f"uid {uid} cannot import a copy of the package with {python}: {check.stderr.strip()[-300:]}")
+    return python, env
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching users needs root")
 def test_kernel_lets_only_the_jobs_user_read_it(monkeypatch):
     """The real permission check: a process of the job's uid reads the copy, another uid cannot."""
@@ -131,10 +155,10 @@ def test_kernel_lets_only_the_jobs_user_read_it(monkeypatch):
                  "c = Config(); c.paths.database = sys.argv[1]\n"
                  "try:\n    print(usercopy.read(c, '8', int(sys.argv[2]))['verdict'].cause)\n"
                  "except Exception as e:\n    print(type(e).__name__, e)\n")
-        env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(usercopy.__file__)))
+        python, env = _reachable_python(base, ALICE)
 
         def as_uid(uid, reader_uid):
-            return subprocess.run([sys.executable, "-c", probe, cfg.paths.database, str(reader_uid)], user=uid,
+            return subprocess.run([python, "-c", probe, cfg.paths.database, str(reader_uid)], user=uid,
                                   group=uid, extra_groups=[], capture_output=True, text=True, env=env,
                                   cwd="/").stdout.strip()
 
@@ -142,7 +166,7 @@ def test_kernel_lets_only_the_jobs_user_read_it(monkeypatch):
         # Bob asks for Alice's copy by path: the directory does not let him through.
         assert as_uid(BOB, ALICE).startswith("NotFound") and "Permission denied" in as_uid(BOB, ALICE)
         # Nor can he list who has copies.
-        listing = subprocess.run([sys.executable, "-c", "import os,sys; print(os.listdir(sys.argv[1]))",
+        listing = subprocess.run([python, "-c", "import os,sys; print(os.listdir(sys.argv[1]))",
                                   usercopy.root_dir(cfg)], user=BOB, group=BOB, extra_groups=[],
                                  capture_output=True, text=True, cwd="/")
         assert "PermissionError" in listing.stderr

@@ -5,7 +5,6 @@ torch's C++ Pickler does (memoised strings and stack frames, MARK/APPENDS lists)
 """
 from __future__ import annotations
 
-import importlib.util
 import pickle
 from pathlib import Path
 
@@ -16,29 +15,21 @@ from slurm_attr.flightrec import safepickle
 from slurm_attr.flightrec.loader import load_dumps
 
 
-@pytest.fixture(scope="module")
-def gen(repo_root: Path):
-    spec = importlib.util.spec_from_file_location("gen_fr", repo_root / "bench" / "gen_fr.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def _write_set(gen, d: Path, world: int = 16, **kw) -> None:
+def _write_set(gen_fr, d: Path, world: int = 16, **kw) -> None:
     d.mkdir(parents=True, exist_ok=True)
     for r in range(world):
-        (d / f"nccl_trace_rank_{r}").write_bytes(gen.TorchStylePickler().dump(gen.rank_dump(r, world, 2000, **kw)))
+        (d / f"nccl_trace_rank_{r}").write_bytes(gen_fr.TorchStylePickler().dump(gen_fr.rank_dump(r, world, 2000, **kw)))
 
 
-def test_generator_writes_what_pickle_reads(gen) -> None:
-    d = gen.rank_dump(3, 16, 2000, fault_rank=None)
-    data = gen.TorchStylePickler().dump(d)
+def test_generator_writes_what_pickle_reads(gen_fr) -> None:
+    d = gen_fr.rank_dump(3, 16, 2000, fault_rank=None)
+    data = gen_fr.TorchStylePickler().dump(d)
     assert pickle.loads(data) == d
     assert b"q" not in data[:2] and data.count(b"](") > 2000  # lists are not memoised, as in torch
 
 
-def test_tail_read_matches_full_read(gen, tmp_path: Path) -> None:
-    _write_set(gen, tmp_path, fault_rank=13)
+def test_tail_read_matches_full_read(gen_fr, tmp_path: Path) -> None:
+    _write_set(gen_fr, tmp_path, fault_rank=13)
     tail = load_dumps(str(tmp_path), tail_entries=256, workers=1)
     full = load_dumps(str(tmp_path), tail_entries=None, workers=1)
     assert all(tr.history_truncated for tr in tail.traces.values())
@@ -57,9 +48,9 @@ def test_tail_read_matches_full_read(gen, tmp_path: Path) -> None:
     assert s.fields["culprit_stack"] and s.fields["first_differing_frame"] is None  # same call site, same stack
 
 
-def test_old_divergence_is_found_by_reading_the_whole_history(gen, tmp_path: Path) -> None:
+def test_old_divergence_is_found_by_reading_the_whole_history(gen_fr, tmp_path: Path) -> None:
     """Rank 5 skipped a world all_reduce 200 steps ago: every later one is shifted, the tail cannot say where it began."""
-    _write_set(gen, tmp_path, fault_rank=5, fault_step=200, fault_kind="skip", vary_world=True)
+    _write_set(gen_fr, tmp_path, fault_rank=5, fault_step=200, fault_kind="skip", vary_world=True)
     full = load_dumps(str(tmp_path), tail_entries=None, workers=1)
     rep = flightrec.inspect(str(tmp_path))
     (s,) = [x for x in rep.symptoms if x.role == "root"]
@@ -73,13 +64,13 @@ def test_old_divergence_is_found_by_reading_the_whole_history(gen, tmp_path: Pat
     assert not any(tr.history_truncated for tr in rep.dumps.traces.values())
 
 
-def test_tail_needing_a_string_from_the_middle_falls_back(gen, tmp_path: Path) -> None:
-    _write_set(gen, tmp_path, world=8, fault_rank=None)
-    d = gen.rank_dump(2, 8, 2000, fault_rank=None)
+def test_tail_needing_a_string_from_the_middle_falls_back(gen_fr, tmp_path: Path) -> None:
+    _write_set(gen_fr, tmp_path, world=8, fault_rank=None)
+    d = gen_fr.rank_dump(2, 8, 2000, fault_rank=None)
     name = "worker-thread-first-seen-mid-buffer"
     for e in d["entries"][1000:]:
         e["thread_name"] = name  # defined (BINPUT) at entry 1000, referenced (BINGET) in the tail
-    raw = gen.TorchStylePickler().dump(d)
+    raw = gen_fr.TorchStylePickler().dump(d)
     (tmp_path / "nccl_trace_rank_2").write_bytes(raw)
     got = safepickle.load(lambda off, n: raw[off : off + n], len(raw), 1 << 30, 256)
     assert got.history_truncated is False and len(got.data["entries"]) == 2000
@@ -90,9 +81,9 @@ def test_tail_needing_a_string_from_the_middle_falls_back(gen, tmp_path: Path) -
     assert [(s.id, s.rank) for s in roots] == [("fr.comm_hang", None)]
 
 
-def test_parallel_load_equals_serial(gen, tmp_path: Path, monkeypatch) -> None:
+def test_parallel_load_equals_serial(gen_fr, tmp_path: Path, monkeypatch) -> None:
     from slurm_attr.flightrec import loader
-    _write_set(gen, tmp_path, world=16, fault_rank=9)
+    _write_set(gen_fr, tmp_path, world=16, fault_rank=9)
     monkeypatch.setattr(loader, "PARALLEL_MIN_FILES", 4)
     par = load_dumps(str(tmp_path), workers=2)
     ser = load_dumps(str(tmp_path), workers=1)
@@ -104,9 +95,9 @@ def test_parallel_load_equals_serial(gen, tmp_path: Path, monkeypatch) -> None:
             assert st.sigs == ser.traces[r].streams[k].sigs
 
 
-def test_file_over_the_cap(gen, tmp_path: Path) -> None:
+def test_file_over_the_cap(gen_fr, tmp_path: Path) -> None:
     from slurm_attr.config import Config
-    _write_set(gen, tmp_path, world=2, fault_rank=None)
+    _write_set(gen_fr, tmp_path, world=2, fault_rank=None)
     size = (tmp_path / "nccl_trace_rank_0").stat().st_size
     cfg = Config()
     cfg.collect.fr_file_cap_bytes = 1000
@@ -121,7 +112,7 @@ def test_file_over_the_cap(gen, tmp_path: Path) -> None:
     assert [c.status for c in rep.coverage] == ["truncated", "truncated"]
 
 
-def test_full_history_is_not_cut_by_the_analysis_budget(gen, tmp_path: Path, monkeypatch) -> None:
+def test_full_history_is_not_cut_by_the_analysis_budget(gen_fr, tmp_path: Path, monkeypatch) -> None:
     """Under a spent budget the verdict's analysis skips dumps (coverage); `sattr fr --full-history` reads them all."""
     import time as real_time
 
@@ -132,7 +123,7 @@ def test_full_history_is_not_cut_by_the_analysis_budget(gen, tmp_path: Path, mon
         def monotonic() -> float:
             return real_time.monotonic() + 1e6  # every budget already spent
 
-    _write_set(gen, tmp_path, world=16, fault_rank=2)
+    _write_set(gen_fr, tmp_path, world=16, fault_rank=2)
     monkeypatch.setattr(loader, "time", Late)
     cut = flightrec.inspect(str(tmp_path), tail_entries=None, workers=1)
     assert cut.dumps.traces == {} and {c.status for c in cut.coverage} == {"truncated"}

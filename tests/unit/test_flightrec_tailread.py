@@ -9,7 +9,6 @@ bytes that open an entry are a pattern, not a constant.
 """
 from __future__ import annotations
 
-import importlib.util
 import pickle
 from pathlib import Path
 
@@ -25,14 +24,6 @@ def real(shared_fixtures: Path) -> bytes:
     return (shared_fixtures / "flight_recorder" / "gloo" / "s6_subgroup_mismatch" / "nccl_trace_rank_0").read_bytes()
 
 
-@pytest.fixture(scope="module")
-def gen(repo_root: Path):
-    spec = importlib.util.spec_from_file_location("gen_fr", repo_root / "bench" / "gen_fr.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_real_dump_entries_are_found_by_the_marker(real: bytes) -> None:
     raw = real
     assert raw[raw.find(b"entries") + 9 : raw.find(b"entries") + 11] == b"]q"  # the entries list is memoised
@@ -46,10 +37,10 @@ def test_real_dump_entries_are_found_by_the_marker(real: bytes) -> None:
     assert rest["entries"] == pickle.loads(raw)["entries"][-3:]
 
 
-def test_unmemoised_layout_still_found(gen) -> None:
+def test_unmemoised_layout_still_found(gen_fr) -> None:
     """The other layout (no PUT after containers) is read by the same pattern."""
-    d = gen.rank_dump(1, 16, 400, fault_rank=None)
-    raw = gen.TorchStylePickler().dump(d)
+    d = gen_fr.rank_dump(1, 16, 400, fault_rank=None)
+    raw = gen_fr.TorchStylePickler().dump(d)
     marker, first = safepickle._entry_marker(raw)
     assert 1 + sum(1 for _ in marker.finditer(raw, first + 2)) == 400
 

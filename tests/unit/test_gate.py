@@ -15,7 +15,6 @@ import pytest
 
 from slurm_attr import gate
 from slurm_attr.collect import ledger
-from slurm_attr.config import Config
 
 from test_drain_fakes import FakeSlurm
 
@@ -33,11 +32,8 @@ def stamped(msg: str, t: float) -> str:
 
 
 @pytest.fixture
-def cfg(tmp_path, monkeypatch):
-    c = Config()
-    c.paths.node_state = str(tmp_path / "state")
-    c.collect.kernel_source = "file"
-    c.collect.kernel_file = str(tmp_path / "kern-%n.log")
+def cfg(cfg, tmp_path, monkeypatch):  # tests/conftest.py's, with this node's slurm.conf
+    c = cfg
     c.collect.window_slack_s = 2
     c.drain.max_partition_percent = 100.0
     (tmp_path / "spool-n2").mkdir()

@@ -9,22 +9,11 @@ import time
 import pytest
 
 from slurm_attr import hooks
+from slurm_attr.collect import jobfiles, nodepart
 from slurm_attr.collect import node as node_mod
 from slurm_attr.collect.node import NodeJob, collect_node
-from slurm_attr.config import Config
 
 MiB = 1 << 20
-
-
-@pytest.fixture
-def cfg(tmp_path):
-    c = Config()
-    c.paths.evidence_root = str(tmp_path / "evidence")
-    c.paths.spool = str(tmp_path / "spool")
-    c.collect.kernel_source = "file"
-    c.collect.kernel_file = str(tmp_path / "kern-%n.log")
-    os.makedirs(c.paths.evidence_root)
-    return c
 
 
 def _jobdir(cfg, job="42"):
@@ -85,14 +74,14 @@ def test_full_spool_keeps_the_kernel_window_and_still_cleans_up(cfg, tmp_path, m
         f.write(b"x" * 1000)
     rank_map = _rank_map(cfg)
     (tmp_path / "kern-n1.log").write_text("a kernel line\n")
-    real = node_mod.write_private
+    real = nodepart.write_private
 
     def enospc_except_small(path, data):
         if os.path.basename(path) not in ("kernel.log", "collect.json"):
-            raise node_mod.SpoolFull(errno.ENOSPC, "spool: No space left on device")
+            raise nodepart.SpoolFull(errno.ENOSPC, "spool: No space left on device")
         real(path, data)
 
-    monkeypatch.setattr(node_mod, "write_private", enospc_except_small)
+    monkeypatch.setattr(nodepart, "write_private", enospc_except_small)
     doc = collect_node(cfg, NodeJob(job_id="42", node="n1", bundle_key="42", start=time.time() - 5))
     assert doc["sources"]["spool"]["status"] == "error"
     assert "kept only the kernel window" in doc["sources"]["spool"]["detail"]
@@ -111,8 +100,8 @@ def test_read_only_spool_writes_nothing_and_still_cleans_up(cfg, monkeypatch):
         raise OSError(errno.EROFS, "Read-only file system")
 
     monkeypatch.setattr(node_mod.spool, "ensure_dir", erofs)
-    monkeypatch.setattr(node_mod, "write_private", lambda p, data: (_ for _ in ()).throw(
-        node_mod.SpoolFull(errno.EROFS, "spool: Read-only file system")))
+    monkeypatch.setattr(nodepart, "write_private", lambda p, data: (_ for _ in ()).throw(
+        nodepart.SpoolFull(errno.EROFS, "spool: Read-only file system")))
     doc = collect_node(cfg, NodeJob(job_id="42", node="n1", bundle_key="42"))
     assert "kept nothing" in doc["sources"]["spool"]["detail"]
     assert not os.path.exists(d) and not os.path.exists(rank_map)
@@ -125,7 +114,7 @@ def test_unexpected_failure_still_cleans_up(cfg, monkeypatch):
     def broken(*a, **k):
         raise RuntimeError("collector bug")
 
-    monkeypatch.setattr(node_mod, "copy_kind", broken)
+    monkeypatch.setattr(jobfiles, "copy_kind", broken)
     with pytest.raises(RuntimeError):
         collect_node(cfg, NodeJob(job_id="42", node="n1", bundle_key="42"))
     assert not os.path.exists(d) and not os.path.exists(rank_map)

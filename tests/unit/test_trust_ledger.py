@@ -8,7 +8,6 @@ import pytest
 from slurm_attr.bundle import Bundle
 from slurm_attr.collect import ledger
 from slurm_attr.collect.node import NodeJob, collect_node, read_kernel
-from slurm_attr.config import Config
 
 # Real journalctl -k (short-iso) shapes of an Xid 79 and of a benign line.
 XID79 = "2026-12-01T20:10:05+00:00 hgx-07 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=2331, GPU has fallen off the bus."
@@ -53,18 +52,6 @@ def test_ledger_refuses_a_symlinked_file_and_a_foreign_node_name(tmp_path):
     with pytest.raises(ledger.LedgerError):
         with ledger.Ledger(str(state), "n3"):
             pass
-
-
-@pytest.fixture
-def cfg(tmp_path):
-    c = Config()
-    c.paths.evidence_root = str(tmp_path / "evidence")
-    c.paths.spool = str(tmp_path / "spool")
-    c.paths.node_state = str(tmp_path / "state")
-    c.collect.kernel_source = "file"
-    c.collect.kernel_file = str(tmp_path / "kern-%n.log")
-    os.makedirs(c.paths.evidence_root)
-    return c
 
 
 def _now_line(msg: str, t: float) -> str:

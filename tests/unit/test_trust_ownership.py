@@ -5,21 +5,8 @@ import time
 import pytest
 
 from slurm_attr.collect.node import NodeJob, cleanup, collect_node
-from slurm_attr.config import Config
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to chown the job dir")
-
-
-@pytest.fixture
-def cfg(tmp_path):
-    c = Config()
-    c.paths.evidence_root = str(tmp_path / "evidence")
-    c.paths.spool = str(tmp_path / "spool")
-    c.paths.node_state = str(tmp_path / "state")
-    c.collect.kernel_source = "file"
-    c.collect.kernel_file = str(tmp_path / "kern-%n.log")
-    os.makedirs(c.paths.evidence_root)
-    return c
 
 
 def _jobdir(cfg, job, owner):

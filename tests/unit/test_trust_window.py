@@ -7,7 +7,6 @@ import pytest
 
 from slurm_attr.collect import window
 from slurm_attr.collect.node import NodeJob, collect_node, read_kernel
-from slurm_attr.config import Config
 
 # A real 22.05.8 `scontrol -o show job` record (test cluster), times filled in per test.
 RECORD = ("JobId={id} JobName={name} UserId=alice(1001) GroupId=alice(1001) MCS_label=N/A Priority=4294901759 "
@@ -80,16 +79,9 @@ def test_rank_map_ctime_counts_only_when_root_owned(tmp_path):
 
 
 @pytest.fixture
-def cfg(tmp_path):
-    c = Config()
-    c.paths.evidence_root = str(tmp_path / "evidence")
-    c.paths.spool = str(tmp_path / "spool")
-    c.paths.node_state = str(tmp_path / "state")
-    c.collect.kernel_source = "file"
-    c.collect.kernel_file = str(tmp_path / "kern-%n.log")
-    c.collect.window_slack_s = 120
-    os.makedirs(c.paths.evidence_root)
-    return c
+def cfg(cfg):  # tests/conftest.py's, with two minutes of slack around the job's window
+    cfg.collect.window_slack_s = 120
+    return cfg
 
 
 def _kline(t: float, msg: str) -> str:

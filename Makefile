@@ -96,6 +96,7 @@ bench: deps spank
 	$(PY) bench/bench_probe.py          # ns per callback, bytes per rank, 4096-rank analysis
 	$(PY) bench/bench_gate.py           # the Prolog gate per job start, vs python -c pass
 	$(PY) bench/bench_fleet.py          # fleet report + HTML, peak RSS, page size, metrics on 100,000 verdicts (store cached in /var/tmp)
+	$(PY) bench/bench_prune.py          # [store] keep_days on that store: prune time, longest lock, vs one delete per table
 	$(PY) bench/accuracy/run.py         # verdict accuracy: generated incidents (tuning, held-out), fixtures, rule cases
 	$(PY) bench/bench_flightrec.py      # vs torchfrtrace (minutes: it is the slow one)
 	$(PY) bench/bench_bigjob.py --quick # big jobs; without --quick: 512/4096 nodes, 32,768 ranks (~30 min, ~20 GB in /tmp)

@@ -148,6 +148,13 @@ class Spool:
 
 
 @dataclass
+class Retention:
+    # Jobs analysed longer ago than this many days leave the verdict store (`sattr prune`, and
+    # the analysis workers once a day); 0 keeps all. At least 31: the reasoning reads 30 days back.
+    keep_days: float = 400.0
+
+
+@dataclass
 class Intake:
     # Ended jobs waiting for a stored verdict: one small file each, on the controller's local disk.
     queue_dir: str = "/var/lib/slurm_attr/pending"
@@ -173,6 +180,9 @@ class Live:
     # A communicator with a collective under way and no rank progressing this long is a hang;
     # raised to 4x the longest stall this job has recovered from (slow collectives).
     hang_after_s: float = 60.0
+    # ... the ceiling of the threshold each communicator learns from its own rhythm (live/
+    # threshold.py: 3x the p99 of its gaps), which never goes below this floor.
+    hang_floor_s: float = 5.0
     # How often each node's watcher reads its ranks' probe records.
     interval_s: float = 1.0
     # On a detected hang: "record" the finding only; "dump" also pulls every rank's Flight
@@ -300,6 +310,7 @@ class Config:
     drain: Drain = field(default_factory=Drain)
     access: Access = field(default_factory=Access)
     spool: Spool = field(default_factory=Spool)
+    store: Retention = field(default_factory=Retention)
     intake: Intake = field(default_factory=Intake)
     live: Live = field(default_factory=Live)
     slurm: Slurm = field(default_factory=Slurm)

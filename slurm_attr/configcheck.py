@@ -44,6 +44,8 @@ def validate(cfg: Any) -> None:
         raise ConfigError("[drain] max_partition_percent: must be between 0 and 100")
     if cfg.spool.keep_days < 0 or cfg.spool.max_bytes < 0:
         raise ConfigError("[spool] keep_days and max_bytes must be >= 0")
+    if cfg.store.keep_days != 0 and cfg.store.keep_days < 31:
+        raise ConfigError("[store] keep_days: 0 (keep all) or at least 31 (the reasoning reads 30 days back)")
     if cfg.collect.job_cap_bytes <= 0:
         raise ConfigError("[collect] job_cap_bytes: must be positive")
     if cfg.analysis.offload not in ("off", "slurm") or cfg.analysis.offload_min_nodes < 1 \
@@ -54,8 +56,8 @@ def validate(cfg: Any) -> None:
         raise ConfigError("[analysis] yield_pressure must be within 0..100 and yield_max_s >= 0")
     if not 0 <= cfg.analysis.workers <= 64:
         raise ConfigError(f"[analysis] workers: must be within 0..64 (0: a quarter of the cores), got {cfg.analysis.workers!r}")
-    if cfg.live.hang_after_s <= 0 or not 0.05 <= cfg.live.interval_s <= 60:
-        raise ConfigError("[live] hang_after_s must be > 0 and interval_s within 0.05..60")
+    if cfg.live.hang_after_s <= 0 or cfg.live.hang_floor_s <= 0 or not 0.05 <= cfg.live.interval_s <= 60:
+        raise ConfigError("[live] hang_after_s and hang_floor_s must be > 0 and interval_s within 0.05..60")
     if cfg.live.on_hang not in _ON_HANG or cfg.live.dump_before_end_s < 0:
         raise ConfigError(f"[live] on_hang must be one of {', '.join(_ON_HANG)} and dump_before_end_s >= 0")
     lv = cfg.live

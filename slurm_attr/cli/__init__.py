@@ -24,7 +24,7 @@ COMMANDS = {
     "list": "ops", "reanalyze": "ops",
     "nodes": "fleet", "metrics": "fleet",
     "drains": "drains", "undrain": "drains", "breaker": "drains",
-    "retry": "pending", "gc": "pending",
+    "retry": "pending", "gc": "pending", "prune": "store",
     "live": "live",
 }
 _NOT_COMMANDS = frozenset({"options"})  # helper modules of this package

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from .. import gc as gc_mod
+from .. import gc as gc_mod, storeretention
 from ..pipeline import intake
 from . import main
 from .options import echo_json, handle_errors, json_option, load_config
@@ -57,6 +57,7 @@ def retry(ctx: click.Context, everything: bool, limit: int, as_json: bool) -> No
     except Exception as err:  # noqa: BLE001 - the store may be locked right now; the next run does it
         click.echo(f"(drains not reconciled from Slurm: {err})", err=True)
     gc_mod.maybe_collect(cfg)
+    storeretention.maybe_prune(cfg)  # [store] keep_days, once a day
     diag.maybe_start_auto(cfg)  # [actions] auto_undrain: a detached run, its diagnostics take their time
     left = intake.entries(cfg)
     if as_json:

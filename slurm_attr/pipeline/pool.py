@@ -26,6 +26,7 @@ from typing import Any
 from .. import spool
 from . import intake, offload, record
 from ..config import Config
+from ..waiting import wait_until
 
 log = logging.getLogger("slurm_attr")
 
@@ -145,16 +146,13 @@ def yield_to_controller(cfg: Config, since: float, sleep: Any = time.sleep, pres
     """Before a job: wait while the controller's CPU is under pressure ([analysis] yield_pressure,
     PSI percent; a burst of job ends is exactly when slurmctld needs its host), but never past
     [analysis] yield_max_s after the job's end. Returns the seconds waited."""
-    limit, waited = cfg.analysis.yield_pressure, 0.0
-    if limit <= 0:
+    limit = cfg.analysis.yield_pressure
+    left = cfg.analysis.yield_max_s - (time.time() - since)
+    if limit <= 0 or left <= 0:
         return 0.0
-    while time.time() - since < cfg.analysis.yield_max_s:
-        p = pressure()
-        if p is None or p < limit:
-            break
-        sleep(YIELD_POLL_S)
-        waited += YIELD_POLL_S
-    return waited
+    got = wait_until(pressure, left, YIELD_POLL_S, f"the controller's CPU pressure to fall below {limit:g}%",
+                     done=lambda p: p is None or p < limit, sleep=sleep)
+    return (got.tries - 1) * YIELD_POLL_S  # one pause between two readings
 
 
 def _nodes_in(bdir: str, nodes: list[str]) -> bool:
@@ -334,8 +332,9 @@ def _publish_metrics(cfg: Config, open_store: Any) -> None:
 
 
 def _after_run(cfg: Config, batched: Any, counts: Counter[str], open_store: Any) -> None:
-    """Once per run, not per job: the comment queue and recent comments re-checked, the spool pruned."""
-    from .. import diag, gc
+    """Once per run, not per job: the comment queue and recent comments re-checked, the spool
+    pruned; once a day, the store too."""
+    from .. import diag, gc, storeretention
     from .finish import sweep_comment_queue
 
     if counts.get("stored") and cfg.comment.enabled:
@@ -345,6 +344,7 @@ def _after_run(cfg: Config, batched: Any, counts: Counter[str], open_store: Any)
         except Exception as err:  # noqa: BLE001 - the timer's `sattr comments --verify` does it later
             log.warning("comment sweep skipped: %s", err)
     gc.maybe_collect(cfg)
+    storeretention.maybe_prune(cfg)  # [store] keep_days
     _publish_metrics(cfg, open_store)  # the queue's age too, when nothing was stored
     diag.maybe_start_auto(cfg)  # [actions] auto_undrain, detached: a diagnostic must not hold this slot
     import resource

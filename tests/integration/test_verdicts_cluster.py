@@ -272,7 +272,7 @@ def _own_failure_job(cluster, gate, task: int, exc: str) -> str:
     body = (f'echo running; if [ "$SLURM_PROCID" = {task} ]; then {gate.wait}; '
             f'echo "$(date "+%Y-%m-%d %H:%M:%S,%3N") ERROR step 1201: batch failed"; '
             f'echo "Traceback (most recent call last):"; echo "  File \\"/home/u/train.py\\", line 88, in <module>"; '
-            f'echo "{exc}"; exit 1; else sleep 300; fi')
+            f'echo "{exc}"; sleep 1; exit 1; else sleep 300; fi')
     return cluster.sbatch(f"#!/bin/bash\n#SBATCH -N2 -w n1,n2 --exclusive\nsrun -l --kill-on-bad-exit=1 bash -c '{body}'\n", user=USER)
 
 
@@ -295,6 +295,7 @@ def _beside_an_xid_on_n2(cluster, kernel_lines, task: int, exc: str) -> dict:
     gate = cluster.gate()
     job = _own_failure_job(cluster, gate, task, exc)
     _both_tasks_run(cluster, job, gate)
+    time.sleep(8)  # the Xid's stamp, five seconds back, must still fall inside the job's run
     kernel_lines.add("n2", XID79, at=time.time() - 5)
     gate.open()
     assert cluster.wait_state(job) == "FAILED"

@@ -114,7 +114,7 @@ def _not_device_raised(s: Symptom) -> bool:
     exc = s.fields.get("exc")
     if not isinstance(exc, str) or not exc:
         return False
-    return exc.rsplit(".", 1)[-1] not in policy.load().special.device_raised and exc not in policy.load().special.device_raised
+    return exc.rsplit(".", 1)[-1] not in policy.load().special.device_raised  # torch.AcceleratorError: its last part
 
 
 def _independent(own: Symptom, event: Symptom, cands: Sequence[Symptom], est: Callable[[Symptom], float],

@@ -18,8 +18,8 @@ Each has its near miss. Kernel lines are removed afterwards and SATTR: drains un
 """
 from __future__ import annotations
 
-import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -281,9 +281,9 @@ def _both_tasks_run(cluster, job: str, gate) -> None:
     the step there, after the batch host's; an Xid written before it would rightly stop the job
     from starting there."""
     cluster.wait_running(job)
-    out = os.path.join(cluster.workdir(USER), f"slurm-{job}.out")
+    out = Path(cluster.workdir(USER)) / f"slurm-{job}.out"
     deadline = time.monotonic() + 120
-    while not all(f"{t}: running" in (open(out).read() if os.path.exists(out) else "") for t in (0, 1)):
+    while not all(f"{t}: running" in (out.read_text() if out.exists() else "") for t in (0, 1)):
         assert time.monotonic() < deadline, f"job {job}: its tasks did not both start"
         time.sleep(0.1)
 

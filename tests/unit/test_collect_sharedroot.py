@@ -44,21 +44,14 @@ def test_no_rank_map_means_no_filter():
     assert ownership({}, "gpu-a") is None
 
 
-def test_two_nodes_on_one_shared_root_collect_each_file_once(tmp_path, monkeypatch):
+def test_two_nodes_on_one_shared_root_collect_each_file_once(tmp_path, monkeypatch, cfg):
     """Both node epilogs read one evidence root (a shared filesystem): the bundle has every
     rank's dump exactly once, each under the node that ran the rank, and the dir goes last."""
     import os
     import time
 
     from slurm_attr.collect import node as nodemod
-    from slurm_attr.config import Config
 
-    cfg = Config()
-    cfg.paths.evidence_root = str(tmp_path / "evidence")
-    cfg.paths.spool = str(tmp_path / "spool")
-    cfg.paths.node_state = str(tmp_path / "state")
-    cfg.collect.kernel_source = "file"
-    cfg.collect.kernel_file = str(tmp_path / "kern-%n.log")
     d = tmp_path / "evidence" / "42"
     for k in ("fr", "probe", "nccl"):
         (d / k).mkdir(parents=True)

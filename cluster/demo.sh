@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # `make demo`: what slurm-attr says about two failing jobs on the local Slurm.
 #
-# 1. A 2-node job whose GPU on n2 falls off the bus. This machine has no GPU, so the fault
-#    is written where n2's node epilog reads its kernel log (the test cluster's kernel source
-#    is a file per node), while the job runs on n2: an Xid 79, as the NVIDIA driver logs it.
-#    The ranks fail the way NCCL jobs do when a peer's GPU dies. slurm-attr names n2 and its
-#    GPU, drains n2 before it can take the next job, and writes the verdict into the Comment.
+# 1. A 2-node job whose GPU on its second node falls off the bus. This machine has no GPU, so
+#    the fault is written where that node's epilog reads its kernel log (the test cluster's
+#    kernel source is a file per node), while the job runs there: an Xid 79, as the NVIDIA
+#    driver logs it. The ranks fail the way NCCL jobs do when a peer's GPU dies. slurm-attr
+#    names the node and its GPU, drains it before it can take the next job, writes the verdict
+#    into the Comment and AdminComment, and requeues the job, which runs again elsewhere.
+#    1b: a GPU that fails while its node is idle is caught by the next job's Prolog (the gate).
+#    1c: the driver's Xid 154 "Node Reboot Required": drained, rebooted through Slurm, resumed.
 # 2. A real 4-rank torch.distributed (Gloo) job where rank 3 all_reduces 1000 elements
 #    instead of 1024: its Flight Recorder dumps go where the SPANK plugin pointed them; the
 #    verdict names the rank, its node and the collective, and `sattr fr` shows the matrix.
@@ -65,11 +68,31 @@ wait_verdict() {
     wait_for "the Comment of job $1" 60 has_comment "$1"
 }
 
+# The demo runs as a site that opted in to closing the loop ([actions]; a site's default is off):
+# requeue a job that ended on hardware around the drained node, and (from 1c on) reboot a node
+# whose driver asks for it, through Slurm's RebootProgram. The config is restored at the end.
+CFG=$BASE/etc/slurm_attr.toml
+cp -p "$CFG" "$WORK/slurm_attr.toml.orig"
+restore_cfg() { cp -p "$WORK/slurm_attr.toml.orig" "$CFG.demo" && mv "$CFG.demo" "$CFG"; }
+trap restore_cfg EXIT
+# opt_in KEY=VALUE...: the lines added under [actions] (atomically: the hooks read it any time)
+opt_in() { local l; for l in "$@"; do sed "/^\[actions\]$/a $l" "$CFG" > "$CFG.demo"; mv "$CFG.demo" "$CFG"; done; }
+opt_in 'requeue_on = ["hardware"]' 'max_requeues = 1'
+"$SATTR" breaker reset --reason "demo start" >/dev/null 2>&1 || true
+rm -f "$WORK"/demo-continue "$WORK"/reboot-started "$WORK"/reboot-fault
+
 cat > "$WORK/train.sh" <<'EOF'
 #!/bin/bash
-#SBATCH -N2 --nodelist=n1,n2 --job-name=demo-train --gres=gpu:2
-# Rank 1 runs on n2: it reports the CUDA error once the GPU is gone; rank 0 then sees its
-# peer vanish and its watchdog times out.
+#SBATCH -N2 --job-name=demo-train --gres=gpu:2 --requeue
+if [ "${SLURM_RESTART_COUNT:-0}" != 0 ]; then
+  # Attempt 2, after slurm-attr requeued the job around the drained node: it resumes and ends
+  # well (once the demo has shown attempt 1).
+  for _ in $(seq 300); do [ -e demo-continue ] && break; sleep 0.2; done
+  srun -l bash -c 'echo "step 101 loss 2.30 (attempt $((SLURM_RESTART_COUNT + 1)), resumed on $SLURMD_NODENAME)"'
+  exit 0
+fi
+# Rank 1 runs on the second node: it reports the CUDA error once the GPU is gone; rank 0 then
+# sees its peer vanish and its watchdog times out.
 srun -l bash -c '
   echo "step 100 loss 2.31"
   if [ "$SLURM_PROCID" = 1 ]; then
@@ -85,37 +108,104 @@ srun -l bash -c '
 EOF
 chown sattrtest "$WORK/train.sh"
 
-step "1. a 2-node training job (user sattrtest) on n1,n2"
+# kernel NODE LINE: what the NVIDIA driver would log on NODE (this machine has no GPU).
+kernel() { printf '%s %s kernel: %s\n' "$(date +%Y-%m-%dT%H:%M:%S%:z)" "$(hostname -s)" "$2" >> "$BASE/kernel/$1.log"; }
+attempts() { sacct -n -P -X -D -j "$1" -o State,NodeList 2>/dev/null | tr '\n' ' '; }
+
+step "1. a 2-node training job (user sattrtest), requeue allowed"
 cd "$WORK"
 JOB=$(runuser -u sattrtest -- env SLURM_CONF="$SLURM_CONF" sbatch --parsable --comment="demo run" train.sh)
 say "job $JOB submitted"
-# Inject only once both ranks are running, so the Xid falls inside the job's window on n2.
+# Inject only once both ranks are running, so the Xid falls inside the job's window on its node.
 wait_for "job $JOB to run" 120 grep -q '^1: step 100' "$WORK/slurm-$JOB.out"
-say "running on $(squeue -h -j "$JOB" -o %N); both ranks at step 100"
+BAD=$(scontrol show hostnames "$(squeue -h -j "$JOB" -o %N)" | sed -n 2p)
+say "running on $(squeue -h -j "$JOB" -o %N); both ranks at step 100; rank 1 on $BAD"
 LINE="NVRM: Xid (PCI:0000:3b:00): 79, pid=$$, name=python, GPU has fallen off the bus."
-printf '%s %s kernel: %s\n' "$(date +%Y-%m-%dT%H:%M:%S%:z)" "$(hostname -s)" "$LINE" >> "$BASE/kernel/n2.log"
+kernel "$BAD" "$LINE"
 touch "$WORK/fault-injected"
-say "n2's kernel log: $LINE"
-wait_verdict "$JOB"
+say "$BAD's kernel log: $LINE"
+# Not wait_verdict: the job does not end, slurm-attr requeues it (attempt 2 waits for the demo).
+wait_for "the verdict of job $JOB" 180 "$SATTR" show "$JOB"
+wait_for "the Comment of job $JOB" 60 has_comment "$JOB"
 
 step "sattr $JOB   (what an admin or the job's user sees)"
-"$SATTR" "$JOB" || true
-expect "$JOB" gpu_hardware n2
-step "sinfo -R   (n2 drained by slurm-attr before its next job)"
+SHOWN=$("$SATTR" "$JOB" 2>&1 || true)
+printf '%s\n' "$SHOWN"
+expect "$JOB" gpu_hardware "$BAD"
+case $SHOWN in *"Requeue: requeued as attempt 2; $BAD excluded"*) ;; *) PROBLEMS+=("job $JOB: not requeued around $BAD") ;; esac
+step "sinfo -R   ($BAD drained by slurm-attr before its next job)"
 sinfo -R -o '%N|%T|%E' | column -t -s '|'
-sinfo -h -n n2 -o '%E' | grep -q "^SATTR: .*job $JOB" || PROBLEMS+=("n2 is not drained by slurm-attr for job $JOB")
-step "sacct -j $JOB -o JobID,State,Comment   (the user's comment kept, the verdict after it)"
-sacct -X -j "$JOB" -o JobID,State,Comment%120
+sinfo -h -n "$BAD" -o '%E' | grep -q "^SATTR: .*job $JOB" || PROBLEMS+=("$BAD is not drained by slurm-attr for job $JOB")
+step "sacct -D -j $JOB -o JobID,State,Comment   (each attempt's row: the user's comment kept, the verdict after it)"
+sacct -X -D -j "$JOB" -o JobID,State,Comment%120
 step "sacct -j $JOB -o AdminComment   (the admins' copy: the job's user cannot change it)"
 wait_for "the AdminComment of job $JOB" 60 has_admin_comment "$JOB" \
     || PROBLEMS+=("job $JOB: no verdict in its AdminComment")
 sacct -X -j "$JOB" -o JobID,AdminComment%100
-sacct -n -P -X -j "$JOB" -o Comment | grep -q '^demo run; SATTR1: gpu_hardware' \
-    || PROBLEMS+=("job $JOB: the Comment does not keep the user's text followed by the verdict")
-step "sattr undrain n2   (resumes only nodes slurm-attr drained; the demo leaves the cluster clean)"
-"$SATTR" undrain n2 --reason "demo finished"
-wait_for "n2 to be idle" 30 sh -c "sinfo -h -n n2 -o %T | grep -qx idle"
-sinfo -N -n n2 -o '%N %T'
+# 22.05 shows one row, "demo run; SATTR1: ...". 24.11 and 26.05 give the requeued attempt a row of
+# its own without the user's comment: the user's text stays on the REQUEUED row and the verdict,
+# written by job id, lands on the newest.
+COMMENTS=$(sacct -n -P -X -D -j "$JOB" -o Comment)
+case $COMMENTS in
+    *"demo run"*"SATTR1: gpu_hardware"*) ;;
+    *) PROBLEMS+=("job $JOB: no attempt's Comment keeps the user's text followed by the verdict: $COMMENTS") ;;
+esac
+
+step "attempt 2 of job $JOB   (requeued by slurm-attr; Slurm starts it once the old launch credential expires)"
+touch "$WORK/demo-continue"
+T1=$(date +%s)
+wait_for "job $JOB's attempt 2 to end" 240 ended "$JOB"
+say "attempts (state|nodes): $(attempts "$JOB")  [attempt 2 ended $(( $(date +%s) - T1 )) s after the demo let it]"
+wait_for "attempt 2's verdict" 90 sh -c "'$SATTR' '$JOB' | grep -q 'Earlier attempt'"
+"$SATTR" "$JOB" || true
+case " $(attempts "$JOB")" in
+    *" COMPLETED|"*) ;; *) PROBLEMS+=("job $JOB: attempt 2 did not complete: $(attempts "$JOB")") ;;
+esac
+case " $(attempts "$JOB")" in
+    *"COMPLETED|"*"$BAD"*) PROBLEMS+=("job $JOB: attempt 2 ran on the drained $BAD") ;;
+esac
+step "sattr undrain $BAD   (resumes only nodes slurm-attr drained; the demo leaves the cluster clean)"
+"$SATTR" undrain "$BAD" --reason "demo finished"
+wait_for "$BAD to be idle" 30 sh -c "sinfo -h -n $BAD -o %T | grep -qx idle"
+sinfo -N -n "$BAD" -o '%N %T'
+
+step "1b. a GPU that fails while its node is idle: the next job's Prolog drains the node first"
+IDLE=$(sbatch --test-only -N1 --wrap true 2>&1 | sed -n 's/.* on nodes \([^ ]*\).*/\1/p')
+LINE="NVRM: Xid (PCI:0000:5e:00): 79, pid=$$, name=python, GPU has fallen off the bus."
+kernel "$IDLE" "$LINE"
+say "$IDLE is idle; its kernel log: $LINE"
+JOB3=$(runuser -u sattrtest -- env SLURM_CONF="$SLURM_CONF" sbatch --parsable -N1 --job-name=demo-next \
+       --wrap 'echo "ran on $SLURMD_NODENAME"')
+say "job $JOB3 submitted: Slurm gives it $IDLE"
+wait_for "the Prolog gate to drain $IDLE" 60 sh -c "sinfo -h -n $IDLE -o %E | grep -q '^SATTR: .*idle before job $JOB3'" \
+    || PROBLEMS+=("$IDLE was not drained by the Prolog gate before job $JOB3")
+sinfo -R -o '%N|%T|%E' | column -t -s '|'
+wait_for "job $JOB3 to end" 240 ended "$JOB3"
+say "job $JOB3 attempts (state|nodes): $(attempts "$JOB3")"
+case " $(attempts "$JOB3")" in
+    *" REQUEUED|$IDLE "*"COMPLETED|"*) ;; *) PROBLEMS+=("job $JOB3 did not run elsewhere: $(attempts "$JOB3")") ;;
+esac
+"$SATTR" undrain "$IDLE" --reason "demo finished" >/dev/null
+
+step "1c. the driver asks for a reboot (Xid 154): slurm-attr drains the node and Slurm reboots it"
+opt_in 'reboot = true'
+JOB4=$(runuser -u sattrtest -- env SLURM_CONF="$SLURM_CONF" sbatch --parsable -N1 --no-requeue --job-name=demo-reboot \
+       --wrap 'touch reboot-started; for _ in $(seq 300); do [ -e reboot-fault ] && break; sleep 0.2; done; exit 1')
+wait_for "job $JOB4 to run" 120 test -e "$WORK/reboot-started"
+RB=$(squeue -h -j "$JOB4" -o %N)
+LINE="NVRM: Xid (PCI:0000:86:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)"
+kernel "$RB" "$LINE"
+touch "$WORK/reboot-fault"
+say "job $JOB4 on $RB; $RB's kernel log: $LINE"
+wait_verdict "$JOB4"
+SHOWN=$("$SATTR" "$JOB4" 2>&1 || true)
+printf '%s\n' "$SHOWN" | grep -E -A2 '^(Verdict|Drain decisions)' || true
+case $SHOWN in *"reboot $RB: SATTR: gpu_hardware xid154"*"(applied)"*) ;; *) PROBLEMS+=("job $JOB4: no reboot of $RB") ;; esac
+wait_for "$RB to be rebooted and resumed" 120 sh -c "sinfo -h -n $RB -o %T | grep -qx idle" \
+    || PROBLEMS+=("$RB was not rebooted and resumed after job $JOB4")
+sinfo -N -n "$RB" -o '%N %T %E'
+"$SATTR" drains --since 10m | head -8 || true
+rm -f "$WORK"/reboot-started "$WORK"/reboot-fault "$WORK"/demo-continue
 
 step "sattr nodes   (the fleet: culprit of, GPU-hours the failures cost, hardware events, drain state)"
 "$SATTR" nodes --since 1d || true

@@ -19,6 +19,8 @@ TARGETS=("$@"); [ ${#TARGETS[@]} -gt 0 ] || TARGETS=(demo test-native test-unit 
 
 # shellcheck source=cluster/rootmounts.sh
 . "$REPO/cluster/rootmounts.sh"
+# shellcheck source=cluster/treecopy.sh
+. "$REPO/cluster/treecopy.sh"
 
 log() { printf 'fresh: %s\n' "$*" >&2; }
 [ "$(id -u)" = 0 ] || { log "needs root"; exit 1; }
@@ -37,8 +39,7 @@ cp "${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}" "$ROOT/etc/sattr-pip-ca.crt
 # shared/ beside the checkout, as CI lays it (fixtures, workloads).
 SHARED=${SLURM_ATTR_SHARED:-$REPO/../shared}
 rm -rf "$ROOT/shared"; [ -d "$SHARED" ] && cp -a "$SHARED" "$ROOT/shared"
-rm -rf "$ROOT/src"; mkdir -p "$ROOT/src"
-(cd "$REPO" && git ls-files -z -c -o --exclude-standard | tar --null -T - -cf -) | tar -xf - -C "$ROOT/src"
+copy_tree "$REPO" "$ROOT/src"  # without git where the tree is a tarball (cluster/treecopy.sh)
 ENV=(PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8
      PIP_FIND_LINKS=/opt/wheels PIP_CERT=/etc/sattr-pip-ca.crt)
 

@@ -322,6 +322,10 @@ EOF
     # switch/none is gone from Slurm 23.11 on (no SwitchType means none).
     local switch="SwitchType=switch/none"
     version_ge 23.11 && switch="# SwitchType: none"
+    # 25.11's expedited requeue (sbatch --requeue=expedite) exists only where slurmctld enables it;
+    # the requeue tests check that slurm-attr releases such a job from its REQUEUE_HOLD.
+    local expedite="# SlurmctldParameters: expedited requeue needs Slurm 25.11"
+    version_ge 25.11 && expedite="SlurmctldParameters=enable_expedited_requeue"
     cat > "$CONF.new" <<EOF
 ClusterName=sattrtest
 SlurmctldHost=$host(127.0.0.1)
@@ -352,6 +356,7 @@ SchedulerType=sched/backfill
 SchedulerParameters=sched_interval=2,bf_interval=2,nohold_on_prolog_fail
 MpiDefault=none
 $switch
+$expedite
 ReturnToService=2
 MinJobAge=3600
 KillWait=5

@@ -31,6 +31,8 @@ VENDOR=${SATTR_VENDOR:-$REPO/../shared/vendor}
 
 # shellcheck source=cluster/rootmounts.sh
 . "$REPO/cluster/rootmounts.sh"
+# shellcheck source=cluster/treecopy.sh
+. "$REPO/cluster/treecopy.sh"
 
 log() { printf 'versions: %s\n' "$*" >&2; }
 die() { log "$*"; exit 1; }
@@ -46,33 +48,12 @@ mount_root() {
 }
 
 
-copy_source() {  # the working tree as git sees it (tracked + untracked, not ignored)
+copy_source() {  # the working tree as a newcomer has it (cluster/treecopy.sh)
     local root=$1
-    rm -rf "$root/src"; mkdir -p "$root/src"
-    # git's list where the tree is a checkout of its own (not a tarball, nor one unpacked
-    # inside some other repository)
-    if [ "$(git -C "$REPO" rev-parse --show-toplevel 2>/dev/null)" = "$(cd "$REPO" && pwd -P)" ]; then
-        (cd "$REPO" && git ls-files -z -c -o --exclude-standard | tar --null -T - -cf -) | tar -xf - -C "$root/src"
-    else  # a source tarball: no git to ask, so the tree less what .gitignore names
-        local excludes=()
-        [ ! -f "$REPO/.gitignore" ] || mapfile -t excludes < <(gitignore_excludes < "$REPO/.gitignore")
-        tar -C "$REPO" --anchored --exclude=./.git --no-anchored "${excludes[@]}" -cf - . | tar -xf - -C "$root/src"
-    fi
+    copy_tree "$REPO" "$root/src"
     # ../shared/vendor beside the checkout, as here: the pyslurm release lines (cluster/pyslurm.sh)
     rm -rf "$root/shared"; mkdir -p "$root/shared/vendor"
     cp "$VENDOR"/pyslurm-*.tar.gz "$root/shared/vendor/" 2>/dev/null || log "no pyslurm sources in $VENDOR"
-}
-
-gitignore_excludes() {  # .gitignore's patterns as tar options, for `tar -C REPO ... .`
-    local line
-    while IFS= read -r line || [ -n "$line" ]; do
-        case $line in
-            ''|'#'*) ;;
-            '!'*) log "copy without git: .gitignore's re-include $line is not applied" ;;
-            /*) line=${line#/}; printf -- '--anchored\n--exclude=./%s\n--no-anchored\n' "${line%/}" ;;
-            *) printf -- '--exclude=%s\n' "${line%/}" ;;
-        esac
-    done
 }
 
 fetch_wheels() {  # fetch_wheels X.Y: the project's dependencies, pytest and the build backend
@@ -166,10 +147,14 @@ run() {
     ip link add "sattrv$i" type veth peer name eth0 netns "$ns"
     ip netns exec "$ns" sh -c "ip link set lo up && ip addr add 10.252.$i.2/30 dev eth0 && ip link set eth0 up"
     # The tests as they run on 22.05, minus the ones that need torch in the root.
-    # SATTR_VERSIONS_PYTEST narrows the run to some tests (no C tests, no demo) while debugging one.
+    # SATTR_VERSIONS_PYTEST narrows the run to some tests (no C tests; no demo unless
+    # SATTR_VERSIONS_DEMO=1) while debugging one.
     local tests=${SATTR_VERSIONS_PYTEST:-"tests/integration -m 'cluster and not torch'"} demo="env SATTR_DEMO_FR=0 bash cluster/demo.sh"
     local native="make -s -C spank all test"
-    [ -z "${SATTR_VERSIONS_PYTEST:-}" ] || { demo=:; native="make -s -C spank all probe-harness"; }
+    if [ -n "${SATTR_VERSIONS_PYTEST:-}" ]; then
+        native="make -s -C spank all probe-harness"
+        [ "${SATTR_VERSIONS_DEMO:-0}" = 1 ] || demo=:
+    fi
     local inner="set -e; cd /src
         # Stopped, not killed with the namespace: no job is left in slurmctld's saved state.
         trap 'bash cluster/testcluster.sh down >/dev/null 2>&1' EXIT

@@ -16,12 +16,14 @@ re-analysed anywhere, so it is hostile input too.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from typing import Any, Iterator
 
-from . import safefs
+import msgspec
+
+from . import jsonshape, safefs
+from .bundleshape import MAX_ATTRIBUTED, Attributed, CollectDoc, JobDoc
 from .errors import BundleError, UnsafePath
 from .model import Coverage
 
@@ -39,7 +41,7 @@ _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 def parse_ranks(raw: Any) -> dict[int, str]:
     """job.json's ``ranks`` ({"0": "n1", ...}) as {0: "n1"}, ignoring malformed entries."""
     out: dict[int, str] = {}
-    if isinstance(raw, dict):
+    if isinstance(raw, dict):  # also the merged job dict in memory (verdict.py), whose keys may be ints
         for k, v in raw.items():
             try:
                 out[int(k)] = str(v)
@@ -68,8 +70,10 @@ class Bundle:
 
     # -- job.json -----------------------------------------------------------------
     def _load_job(self) -> dict[str, Any]:
-        data = self.read_json("job.json", JOB_JSON_CAP, source="job")
-        if not isinstance(data, dict):
+        try:
+            data: dict[str, Any] = jsonshape.strict(self.read_json("job.json", JOB_JSON_CAP, source="job"),
+                                                    dict[str, Any])
+        except jsonshape.ValidationError:  # not an object (or none): as if there were no job.json
             data = {}
         if "job_id" not in data:
             # A bundle without job.json is still analysable; name it after its directory.
@@ -94,15 +98,9 @@ class Bundle:
             rel = f"nodes/{node}/collect.json"
             if not self.exists(rel):
                 continue
-            data = self.read_json(rel, COLLECT_JSON_CAP, source="node", node=node)
-            steps = data.get("ranks") if isinstance(data, dict) else None
-            if not isinstance(steps, dict):
-                continue
-            for step, ranks in steps.items():
-                if isinstance(ranks, list):
-                    for r in ranks:
-                        if isinstance(r, int) and not isinstance(r, bool):
-                            per_step.setdefault(str(step), {})[r] = node
+            for step, ranks in self._collect(node).ranks.items():
+                for r in ranks:
+                    per_step.setdefault(step, {})[r] = node
         if not per_step:
             return {}
         best = max(per_step, key=lambda s: (len(per_step[s]), int(s) if s.isdigit() else -1))
@@ -140,8 +138,8 @@ class Bundle:
             self.coverage.append(Coverage(source=source, node=node, status="error", detail=f"{relpath} larger than {cap} bytes"))
             return None
         try:
-            return json.loads(res.data.decode("utf-8", errors="replace"))
-        except ValueError as err:
+            return msgspec.json.decode(res.data.decode("utf-8", errors="replace"))
+        except (msgspec.DecodeError, RecursionError) as err:  # a number out of range is a DecodeError too
             self.coverage.append(Coverage(source=source, node=node, status="error", detail=f"{relpath}: bad JSON: {err}"))
             return None
 
@@ -170,8 +168,8 @@ class Bundle:
                     names.add(name)
         except UnsafePath:
             pass
-        for n in self.job.get("nodes") or []:
-            if isinstance(n, str) and valid_node_name(n):
+        for n in self._job_doc().nodes:
+            if valid_node_name(n):
                 names.add(n)
         return sorted(names)
 
@@ -193,16 +191,9 @@ class Bundle:
             if not self.exists(rel):
                 out.append(Coverage(source="node", node=node, status="missing", detail="no collect.json: the node epilog did not finish or did not run"))
                 continue
-            data = self.read_json(rel, COLLECT_JSON_CAP, source="node", node=node)
-            if not isinstance(data, dict):
-                continue
-            for src, info in sorted((data.get("sources") or {}).items()):
-                if not isinstance(info, dict):
-                    continue
-                status = info.get("status", "error")
-                if status not in ("ok", "missing", "error", "truncated"):
-                    status = "error"
-                out.append(Coverage(source=str(src), node=node, status=status, detail=str(info.get("detail", ""))[:500]))
+            for src, info in sorted(self._collect(node).sources.items()):
+                status = info.status if info.status in ("ok", "missing", "error", "truncated") else "error"
+                out.append(Coverage(source=src, node=node, status=status, detail=str(info.detail)[:500]))
         return out
 
     # -- provenance and attribution (issue 10) --------------------------------------------
@@ -213,20 +204,28 @@ class Bundle:
         rel = f"nodes/{node}/collect.json"
         if not self.exists(rel):
             return {}
-        data = self.read_json(rel, COLLECT_JSON_CAP, source="node", node=node)
-        return data if isinstance(data, dict) else {}
+        try:
+            return jsonshape.strict(self.read_json(rel, COLLECT_JSON_CAP, source="node", node=node), dict[str, Any])
+        except jsonshape.ValidationError:  # not an object
+            return {}
+
+    def _collect(self, node: str) -> CollectDoc:
+        """A node's collect.json as its shape (bundleshape); empty when missing or bad."""
+        return jsonshape.lenient(self.collect_doc(node), CollectDoc)
+
+    def _job_doc(self) -> JobDoc:
+        # self.job, not job.json: the analysis merges the controller's facts into it
+        return jsonshape.lenient(self.job, JobDoc)
 
     def attributed_lines(self, node: str) -> dict[int, str]:
         """{line number in nodes/<node>/kernel.attributed.log: the job it was attributed to}.
 
         Trusted kernel lines that an earlier job already turned into a verdict or drain
         (node ledger): context for this job, never its root, never a second drain."""
-        info = self.collect_doc(node).get("attributed")
         out: dict[int, str] = {}
-        if isinstance(info, dict) and isinstance(info.get("lines"), list):
-            for rec in info["lines"][:100000]:
-                if isinstance(rec, dict) and isinstance(rec.get("line"), int) and isinstance(rec.get("job_id"), str):
-                    out[rec["line"]] = rec["job_id"]
+        for rec in (self._collect(node).attributed or Attributed()).lines[:MAX_ATTRIBUTED]:
+            if rec.line is not None and rec.job_id is not None:
+                out[rec.line] = rec.job_id
         return out
 
     def attributed_keys(self) -> dict[str, str]:
@@ -236,11 +235,9 @@ class Bundle:
             return cached
         out: dict[str, str] = {}
         for node in self.nodes():
-            info = self.collect_doc(node).get("attributed")
-            if isinstance(info, dict) and isinstance(info.get("lines"), list):
-                for rec in info["lines"][:100000]:
-                    if isinstance(rec, dict) and isinstance(rec.get("key"), str) and isinstance(rec.get("job_id"), str):
-                        out[rec["key"]] = rec["job_id"]
+            for rec in (self._collect(node).attributed or Attributed()).lines[:MAX_ATTRIBUTED]:
+                if rec.key is not None and rec.job_id is not None:
+                    out[rec.key] = rec.job_id
         self.__dict__["_attributed_keys"] = out
         return out
 
@@ -274,11 +271,7 @@ class Bundle:
     def provenance(self) -> dict[str, Any]:
         """Who wrote each source: job.json's (controller side) and each node's collect.json."""
         out: dict[str, Any] = {}
-        prov = self.job.get("provenance")
-        if isinstance(prov, dict):
-            out.update(prov)
+        out.update(self._job_doc().provenance or {})
         for node in self.nodes():
-            p = self.collect_doc(node).get("provenance")
-            if isinstance(p, dict):
-                out.update(p)
+            out.update(self._collect(node).provenance or {})
         return out

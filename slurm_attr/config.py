@@ -165,6 +165,17 @@ class Intake:
     backoff_max_s: float = 600.0
     # After this many failed attempts the job is given up (its partial verdict, if any, stays).
     max_attempts: int = 50
+    # fsync the controller hook's record (and the queue dir) before it returns. Off: the job's end
+    # is durable in Slurm's accounting, and the catch-up below finds a job a crash left without a
+    # record (the two fsyncs were most of the hook's time under load). On for sites without
+    # accounting (then also catchup_window_s = 0).
+    hook_fsync: bool = False
+    # The catch-up (`sattr retry`, and the workers at most once a minute): one sacct for the jobs
+    # that ended since its last run (minus a margin; the first run: the last hour), looked back at
+    # most this far, that have no verdict, no pending record and no record in flight. 0: off.
+    catchup_window_s: float = 21600.0
+    # At most this many jobs recorded per catch-up run (the oldest first; the rest next run).
+    catchup_max_jobs: int = 5000
 
 
 @dataclass

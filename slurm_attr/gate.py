@@ -26,7 +26,7 @@ files' names, sizes and times; only a line holding one loads the catalog (~150 m
 
 Exit codes: 0 always, but RC_DRAINED when this node is drained by us on this evidence (the
 Prolog script turns that one code into exit 1). Dry-run, the breaker, a drain by someone else:
-0, the job runs, and the decision is logged.
+0, the job runs, and the decision is logged and left for the store (gaterecord.py).
 """
 from __future__ import annotations
 
@@ -281,6 +281,10 @@ def _classify(cfg: Config, node: str, job_id: str, data: bytes, why: str, now: f
     from .slurmstate import BLOCK_ALREADY
 
     drained = any(a.node == node and (a.applied or a.blocked_by == BLOCK_ALREADY) for a in acts)
+    # Held-back decisions leave no trace in Slurm: the record brings them (and the drains) to the store.
+    from . import gaterecord
+
+    gaterecord.write(cfg.paths.spool, node, job_id, acts)
     for a in acts:
         log.warning("prolog gate on %s: %s %s (%s) in %.0f ms [catalog %.0f ms, match %.0f ms]; %s",
                     node, a.kind, "applied" if a.applied else f"blocked: {a.blocked_by}", a.reason,

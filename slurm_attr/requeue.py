@@ -263,6 +263,12 @@ def _carry_out(cfg: Config, d: Decision, verdict: Verdict, job: dict[str, Any], 
         if state not in FINAL_STATES:
             d.why = f"the job is {state or '?'}, not finished"
             return
+    note = ""
+    if d.expedite:
+        # Released, an expedited job is the highest priority there is and starts within one
+        # scheduling pass, after which slurmctld refuses an ExcNodeList change ("no longer
+        # pending"; seen on 26.05): it is excluded while still held.
+        d.excluded, note = _exclude(slurm, job_id, rec, nodes)
     try:
         slurm.requeue(job_id, expedite=d.expedite)
     except SlurmError as err:
@@ -274,7 +280,8 @@ def _carry_out(cfg: Config, d: Decision, verdict: Verdict, job: dict[str, Any], 
         return
     d.requeued, d.why = True, ""
     d.next_attempt = (_restarts(after) or before) + 1
-    d.excluded, note = _exclude(slurm, job_id, after, nodes)
+    if not d.expedite:
+        d.excluded, note = _exclude(slurm, job_id, after, nodes)
     d.detail = "; ".join(x for x in (d.line(), note) if x)
 
 

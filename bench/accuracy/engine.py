@@ -20,7 +20,7 @@ def in_process() -> Analyze:
     """The analysis with default configuration (no site config: figures must not depend on
     the machine that runs the benchmark)."""
     from slurm_attr import drain
-    from slurm_attr.analysis import run_bundle
+    from slurm_attr.bundleanalysis import run_bundle
     from slurm_attr.bundle import Bundle
     from slurm_attr.config import Config
 

@@ -24,7 +24,7 @@ COMMANDS = {
     "list": "ops", "reanalyze": "ops",
     "nodes": "fleet", "metrics": "fleet",
     "drains": "drains", "undrain": "drains", "breaker": "drains",
-    "retry": "pending", "gc": "pending", "prune": "store",
+    "retry": "pending", "gc": "pending", "prune": "prune",
     "live": "live",
 }
 _NOT_COMMANDS = frozenset({"options"})  # helper modules of this package

@@ -131,13 +131,13 @@ def fr_command(ctx: click.Context, ref: str, all_groups: bool, before: int, afte
 
 
 def _verdict(path: str, cfg: Config) -> tuple[dict[str, Any] | None, str]:
-    """The full verdict when the analysis pipeline is there (slurm_attr.analysis.run_bundle).
+    """The full verdict when the analysis pipeline is there (slurm_attr.bundleanalysis.run_bundle).
 
     Returns (verdict dict or None, why not): the FR part of the report stands on
     its own, so a missing or failing pipeline only leaves the verdict out.
     """
     try:
-        from ..analysis import run_bundle
+        from ..bundleanalysis import run_bundle
     except ImportError:
         return None, "the analysis pipeline is not installed"
     try:

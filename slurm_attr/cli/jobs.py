@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from .. import drain, jobtext, render
-from ..analysis import run_bundle
+from ..bundleanalysis import run_bundle
 from ..bundle import Bundle
 from ..errors import SattrError
 from . import main

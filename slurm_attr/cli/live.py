@@ -13,9 +13,9 @@ from .options import echo_json, handle_errors, json_option, load_config
 def live_lines(cfg, job_id: str) -> list[str]:  # type: ignore[no-untyped-def]
     """The live lines for `sattr JOBID`, [] when none or not the caller's to see (the file
     is readable by root and the job's group only; the OS enforces it)."""
-    from ..live import findings, store
+    from ..live import findings, livespool
 
-    if not store.valid_job(job_id):
+    if not livespool.valid_job(job_id):
         return []
     doc = findings.load(cfg.paths.spool, job_id)
     return findings.lines(doc) if doc else []
@@ -33,10 +33,10 @@ def live(ctx: click.Context, job_id: str, as_json: bool) -> None:
 
         sattr live 1234
     """
-    from ..live import findings, store
+    from ..live import findings, livespool
 
     cfg = load_config(ctx)
-    doc = findings.load(cfg.paths.spool, job_id) if store.valid_job(job_id) else None
+    doc = findings.load(cfg.paths.spool, job_id) if livespool.valid_job(job_id) else None
     if as_json:
         echo_json(doc or {"job": job_id, "findings": []})
         return

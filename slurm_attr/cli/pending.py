@@ -40,20 +40,26 @@ def retry(ctx: click.Context, everything: bool, limit: int, as_json: bool) -> No
 
         sattr retry --all
     """
-    from .. import diag
-    from ..pipeline import attempt as retry_mod, reconcile
+    from .. import diag, gaterecord
+    from ..pipeline import attempt as retry_mod, catchup, reconcile
     from ..slurm import from_config
     from .ops import require_admin
 
     cfg = load_config(ctx)
     require_admin(cfg, "retry")
     slurm = from_config(cfg, timeout=10)
+    # Jobs accounting saw end that the intake never got (a crash, a hook that never ran): first,
+    # so that this run analyses them too (pipeline/catchup.py).
+    caught = catchup.run(cfg, slurm)
     out = retry_mod.retry_due(cfg, slurm=slurm, limit=limit, everything=everything)
     added = 0
     try:
         from ..store import Store
 
-        added = reconcile.reconcile_all(Store(cfg.paths.database), slurm)
+        store = Store(cfg.paths.database)
+        # the Prolog gates' decisions first: their applied drains are in the ledger before the sweep
+        gaterecord.record_all(store, cfg.paths.spool)
+        added = reconcile.reconcile_all(store, slurm)
     except Exception as err:  # noqa: BLE001 - the store may be locked right now; the next run does it
         click.echo(f"(drains not reconciled from Slurm: {err})", err=True)
     gc_mod.maybe_collect(cfg)
@@ -61,10 +67,12 @@ def retry(ctx: click.Context, everything: bool, limit: int, as_json: bool) -> No
     diag.maybe_start_auto(cfg)  # [actions] auto_undrain: a detached run, its diagnostics take their time
     left = intake.entries(cfg)
     if as_json:
-        echo_json({"attempted": out, "reconciled_drains": added, "pending": len(left)})
+        echo_json({"attempted": out, "reconciled_drains": added, "pending": len(left),
+                   "caught_up": caught.recorded, "catchup_error": caught.error})
         return
     for key, outcome in sorted(out.items()):
         click.echo(f"{key}\t{outcome}")
+    click.echo(caught.line(), err=True)
     click.echo(f"{len(out)} attempted, {len(left)} still pending, {added} drains reconciled from Slurm", err=True)
 
 

@@ -78,7 +78,7 @@ def list_cmd(ctx: click.Context, fmt: str, extra: Optional[str]) -> None:
         sattr rules list --format markdown > docs/rules.md
     """
     from ..rules import build_catalog
-    from ..rules.render import render_markdown, render_text
+    from ..rules.catalogdoc import render_markdown, render_text
 
     catalog = build_catalog(_extra_dir(ctx, extra), check=True)
     click.echo(render_markdown(catalog) if fmt == "markdown" else render_text(catalog), nl=False)

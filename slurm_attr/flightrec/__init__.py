@@ -5,9 +5,10 @@ Layout (one module per thing it owns):
 - ``safepickle``  restricted unpickler; head+tail reading of large dumps
 - ``trace``       validated per-rank records (signatures interned, strict rank lists)
 - ``loader``      finding dumps in a bundle, prefix detection, parallel loading
+- ``wire``        the plain values a loader worker sends its traces back as
 - ``groups``      process groups and their expected members
 - ``vote``        per-group alignment by seq id and majority vote (windows that differ abstain)
-- ``analysis``    stuck and missing ranks, root vs cascade
+- ``blame``       stuck and missing ranks, root vs cascade
 - ``siblings``    tie-breaking in two-member groups by groups of the same shape
 - ``symptoms``    findings -> Symptom / Coverage
 - ``matrix``      the rank x sequence matrix and its terminal rendering
@@ -41,12 +42,12 @@ NO_DUMPS = "no Flight Recorder dumps found"
 
 # Most bundles hold no dump (no torch, FR off): `sattr analyze` then needs none of the loader's
 # or the analysis's modules, whose import is a tenth of a one-log analysis. They load on first use.
-_LAZY = {"Analysis": "analysis", "Finding": "analysis", "DumpSet": "loader", "load_dumps": "loader",
+_LAZY = {"Analysis": "blame", "Finding": "blame", "DumpSet": "loader", "load_dumps": "loader",
          "Matrix": "matrix", "build_matrix": "matrix", "Report": "report", "inspect": "report",
          "DumpError": "types",
          "_workers": "report"}  # bench/bench_flightrec.py sizes its memory bound with it
-_SUBMODULES = {"analysis", "groups", "html", "loader", "matrix", "report", "safepickle", "siblings", "symptoms",
-               "trace", "types", "vote"}
+_SUBMODULES = {"blame", "groups", "html", "loader", "matrix", "report", "safepickle", "siblings", "symptoms",
+               "trace", "types", "vote", "wire"}
 
 
 def __getattr__(name: str) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from .. import jobtext
 from .loader import DumpSet
@@ -59,7 +60,7 @@ def _map_unmapped_status(ds: DumpSet, members_of: dict[str, tuple[int, ...]]) ->
     by_pid: dict[int, Counter[str]] = {}
     for tr in ds.traces.values():
         for pid, name in tr.pg_ids.items():
-            by_pid.setdefault(pid, Counter())[name] += 1
+            _counter(by_pid, pid)[name] += 1
     for tr in ds.traces.values():
         if not tr.unmapped_status:
             continue
@@ -71,6 +72,15 @@ def _map_unmapped_status(ds: DumpSet, members_of: dict[str, tuple[int, ...]]) ->
                 del tr.unmapped_status[pid]
 
 
+def _counter(counts: dict[Any, Counter[str]], key: Any) -> Counter[str]:
+    """counts[key], created when missing: ``setdefault(key, Counter())`` builds a Counter (a
+    Python-level __init__) on every call, a dozen per rank at 32,768 ranks."""
+    c = counts.get(key)
+    if c is None:
+        c = counts[key] = Counter()
+    return c
+
+
 def build_groups(ds: DumpSet) -> dict[str, Group]:
     """All process groups seen in any dump, with members and each member's reach."""
     configs: dict[str, Counter[str]] = {}
@@ -79,14 +89,17 @@ def build_groups(ds: DumpSet) -> dict[str, Group]:
     for tr in ds.traces.values():
         for name, (desc, key) in tr.pg_config.items():
             if key is not None:
-                configs.setdefault(name, Counter())[key] += 1
+                _counter(configs, name)[key] += 1
             if desc:
-                descs.setdefault(name, Counter())[desc] += 1
+                _counter(descs, name)[desc] += 1
         for name, desc in tr.descs.items():
             if desc and desc != "undefined":
-                descs.setdefault(name, Counter())[desc] += 1
+                _counter(descs, name)[desc] += 1
         for name in (*tr.streams, *tr.p2p, *tr.pg_status):
-            used.setdefault(name, set()).add(tr.rank)
+            u = used.get(name)
+            if u is None:
+                u = used[name] = set()
+            u.add(tr.rank)
     world = tuple(sorted(world_ranks(ds)))
     members_of: dict[str, tuple[int, ...]] = {}
     source: dict[str, str] = {}

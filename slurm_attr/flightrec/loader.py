@@ -11,6 +11,7 @@ records (integer arrays), never the raw entries.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import multiprocessing
@@ -20,7 +21,7 @@ import re
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from .. import safefs
 from ..bundle import Bundle
@@ -28,6 +29,7 @@ from ..errors import UnsafePath
 from . import safepickle
 from .trace import SigTable, digest
 from .types import DumpError, DumpProblem, RankTrace, Sig
+from .wire import from_wire, to_wire
 
 DEFAULT_FILE_CAP = 64 << 20
 # Newest entries read per rank on large dumps; older history is read only when needed.
@@ -42,6 +44,7 @@ def tail_for(n_ranks: int) -> int:
     """Entries per rank for the automatic tail budget."""
     return max(TAIL_MIN, min(TAIL_MAX, TAIL_BUDGET // max(1, n_ranks)))
 PARALLEL_MIN_FILES = 64
+CHUNK_RANKS = 512
 _NAME = re.compile(r"^(?P<prefix>.*?)(?P<rank>\d{1,7})(?P<ext>\.json|\.pkl|\.pickle)?$")
 
 
@@ -175,9 +178,7 @@ def _load_chunk(args: tuple[str, list[tuple[int, list[DumpFile]]], int, int | No
     members: dict[str, tuple[int, ...]] = {}
     traces: list[RankTrace] = []
     problems: list[DumpProblem] = []
-    gc_was = gc.isenabled()
-    gc.disable()  # millions of short-lived containers, no cycles: GC passes are pure overhead
-    try:
+    with paused_gc():  # millions of short-lived containers, no cycles: GC passes are pure overhead
         for rank, files in work:
             if deadline is not None and time.monotonic() > deadline:
                 problems.append(DumpProblem(path=files[0].rel, node=files[0].node, rank=rank, status="truncated", detail="not read: analysis time budget spent"))
@@ -186,14 +187,53 @@ def _load_chunk(args: tuple[str, list[tuple[int, list[DumpFile]]], int, int | No
             problems.extend(probs)
             if tr is not None:
                 traces.append(tr)
-    finally:
-        if gc_was:
-            gc.enable()
     return traces, table.sigs, members, problems
+
+
+def _load_chunk_wire(args: tuple[str, list[tuple[int, list[DumpFile]]], int, int | None, float | None]) -> tuple[list[tuple[Any, ...]], dict[int, Sig], dict[str, tuple[int, ...]], list[DumpProblem]]:
+    """_load_chunk in a pool worker: the traces as plain values (wire.py), cheaper to send."""
+    traces, sigs, members, problems = _load_chunk(args)
+    return [to_wire(tr) for tr in traces], sigs, members, problems
+
+
+@contextlib.contextmanager
+def frozen_gc() -> Iterator[None]:
+    """Every object alive now left out of the GC's passes for a while (gc.freeze), then back.
+    Not where something else froze objects already (rules/parallel.py before its forks):
+    unfreeze would hand those back too."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """The cyclic GC off for a while (as it was before afterwards). Loading builds containers
+    by the million and none of them in a cycle, so each pass the GC makes is wasted; in the
+    parent, which unpickles the workers' traces (the pool's result thread) while they still
+    load, the passes over the growing heap cost 3x the unpickling itself."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def discover(source: Bundle | str) -> tuple[str, list[tuple[str, str | None]], dict[int, str]]:
     """(root, [(relative path, node)], rank -> node from job.json) for a bundle or a directory."""
+    root, paths, bundle = _find(source)
+    return root, paths, bundle.ranks() if bundle is not None else {}
+
+
+def _find(source: Bundle | str) -> tuple[str, list[tuple[str, str | None]], Bundle | None]:
+    """(root, [(relative path, node)], the bundle when ``source`` is one) for a bundle or a directory."""
     if isinstance(source, str):
         if os.path.isdir(os.path.join(source, "nodes")) or os.path.isfile(os.path.join(source, "job.json")):
             source = Bundle(source)
@@ -203,12 +243,12 @@ def discover(source: Bundle | str) -> tuple[str, list[tuple[str, str | None]], d
                 safefs.list_dir(root)
             except UnsafePath as err:
                 raise DumpError(f"cannot read {source}: {err}") from err
-            return root, [(rel, None) for rel in sorted(safefs.walk_files(root))], {}
+            return root, [(rel, None) for rel in sorted(safefs.walk_files(root))], None
     paths: list[tuple[str, str | None]] = []
     for node in source.nodes():
         for rel in source.node_files(node, "fr"):
             paths.append((rel, node))
-    return source.root, paths, source.ranks()
+    return source.root, paths, source
 
 
 def load_dumps(source: Bundle | str, cap: int = DEFAULT_FILE_CAP, tail_entries: int | str | None = DEFAULT_TAIL_ENTRIES,
@@ -221,20 +261,27 @@ def load_dumps(source: Bundle | str, cap: int = DEFAULT_FILE_CAP, tail_entries: 
     remaining files are skipped (coverage).
     """
     t0 = time.monotonic()
-    root, paths, job_ranks = discover(source)
+    root, paths, bundle = _find(source)
     prefix, chosen, ignored = _candidates(paths)
     if tail_entries == "auto":
         tail_entries = tail_for(len(chosen))
     if tail_entries is not None and not isinstance(tail_entries, int):
         raise ValueError(f"tail_entries: an int, 'auto' or None, not {tail_entries!r}")
-    ds = DumpSet(root=root, prefix=prefix, ignored_files=ignored, job_ranks=job_ranks, tail_entries=tail_entries, files=chosen)
+    ds = DumpSet(root=root, prefix=prefix, ignored_files=ignored, tail_entries=tail_entries, files=chosen)
     for files in chosen.values():
         node = files[0].node
         if node is not None:
             ds.nodes[node] = ds.nodes.get(node, 0) + 1
     wanted = set(ranks) if ranks is not None else None
     work = sorted((r, fs) for r, fs in chosen.items() if wanted is None or r in wanted)
-    _load_into(ds, work, cap, tail_entries, workers, deadline)
+
+    def job_ranks() -> None:
+        # Without job.json's ranks these are the node collectors' rank maps: a collect.json per
+        # node (4,096 at 32,768 ranks, ~1 s), read here while the workers load the dumps.
+        if bundle is not None:
+            ds.job_ranks = bundle.ranks()
+
+    _load_into(ds, work, cap, tail_entries, workers, deadline, meanwhile=job_ranks)
     ds.seconds = time.monotonic() - t0
     return ds
 
@@ -248,17 +295,27 @@ def reload_full(ds: DumpSet, ranks: Iterable[int], cap: int = DEFAULT_FILE_CAP, 
     _load_into(ds, work, cap, None, workers, None)
 
 
-def _load_into(ds: DumpSet, work: list[tuple[int, list[DumpFile]]], cap: int, tail_entries: int | None, workers: int, deadline: float | None) -> None:
-    if not work:
-        return
+def _load_into(ds: DumpSet, work: list[tuple[int, list[DumpFile]]], cap: int, tail_entries: int | None, workers: int,
+               deadline: float | None, meanwhile: Callable[[], None] | None = None) -> None:
+    """Load ``work`` into ``ds``; ``meanwhile`` runs in this process while the workers load."""
     if workers > 1 and len(work) >= PARALLEL_MIN_FILES and "fork" in multiprocessing.get_all_start_methods():
-        n_chunks = workers * 8  # small chunks even out slow files
+        # Small chunks even out slow files and the end, where one worker finishes its last chunk
+        # alone: at 32,768 ranks 16 chunks left ~1 s of one idle core. Each chunk also sends back
+        # the member lists it saw (the world's, 32,768 ranks), so not smaller than CHUNK_RANKS.
+        n_chunks = max(workers * 8, len(work) // CHUNK_RANKS)
         size = max(1, (len(work) + n_chunks - 1) // n_chunks)
         chunks = [(ds.root, work[i : i + size], cap, tail_entries, deadline) for i in range(0, len(work), size)]
         ctx = multiprocessing.get_context("fork")
-        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-            results = list(pool.map(_load_chunk, chunks))
+        with paused_gc(), ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            pending = pool.map(_load_chunk_wire, chunks)  # submitted (and the workers forked) now
+            if meanwhile is not None:
+                meanwhile()
+            results = [([from_wire(w) for w in traces], *rest) for traces, *rest in pending]
     else:
+        if meanwhile is not None:
+            meanwhile()
+        if not work:
+            return
         results = [_load_chunk((ds.root, work, cap, tail_entries, deadline))]
     for traces, sigs, members, problems in results:
         for tr in traces:

@@ -251,7 +251,7 @@ def _entries(tr: RankTrace, entries: list[Any], table: SigTable) -> None:
     per_pg: dict[str, list[tuple[int, int, int, int, bool, bool]]] = {}
     p2p: dict[str, list[tuple[int, int]]] = {}
     bad = 0
-    newest: tuple[str, int] | None = None
+    newest: str | None = None  # the group of the newest collective entry (its row is the last in per_pg[newest])
     ids = table._ids
     intern = table.intern
     pg_ids, descs = tr.pg_ids, tr.descs
@@ -265,7 +265,10 @@ def _entries(tr: RankTrace, entries: list[Any], table: SigTable) -> None:
             bad += 1
             continue
         try:
-            pg, seq, pn, ins, outs, idt, odt, pid, is_p2p, pseq, t, state, retired = _fields(e)
+            try:  # _fields inline: a call per entry is a tenth of this loop
+                pg, seq, pn, ins, outs, idt, odt, pid, is_p2p, pseq, t, state, retired = _ALL(e)
+            except KeyError:
+                pg, seq, pn, ins, outs, idt, odt, pid, is_p2p, pseq, t, state, retired = _fields(e)
             name, desc = pg
             if type(name) is not str or type(desc) is not str or type(seq) is not int or type(pn) is not str:
                 raise TypeError
@@ -301,10 +304,10 @@ def _entries(tr: RankTrace, entries: list[Any], table: SigTable) -> None:
         done = state == "completed"
         # one row per entry, split into columns once at the end (one append, not six)
         acc.append((seq, sid, pos, t if type(t) is int and 0 <= t < 1 << 63 else 0, not done and retired is not True, done))
-        newest = (name, seq)
+        newest = name
     tr.n_entries = len(entries)
     tr.bad_entries = bad
-    tr.newest = newest
+    tr.newest = (newest, per_pg[newest][-1][0]) if newest is not None else None
     for name, rows in per_pg.items():
         seqs, sids, poss, times, pend, done_ = zip(*rows)
         tr.streams[name] = _stream(list(seqs), list(sids), list(poss), list(times), bytearray(pend), bytearray(done_), table)

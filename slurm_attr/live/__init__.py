@@ -20,7 +20,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from .. import probe
-from . import store
+from . import livespool
 
 if TYPE_CHECKING:
     from ..bundle import Bundle
@@ -33,7 +33,7 @@ __all__ = ["analyze"]
 # evidence's modules (slow.py pulls statistics, decimal, fractions). Submodules load on first use.
 _SUBMODULES = {"busy", "classify", "detect", "dumps", "evidence", "findings", "frdetect", "nodeview", "prekill",
                "prekillevidence", "procstat", "ras", "rasreport", "slow", "slowevidence", "slowjoin", "slowring",
-               "store", "threshold", "watcher"}
+               "livespool", "threshold", "watcher"}
 
 
 def __getattr__(name: str) -> Any:
@@ -54,10 +54,10 @@ def _nothing_to_read(bundle: Bundle, cfg: Config) -> bool:
     if not cfg.live.enabled:
         return True
     job = spool_job(bundle)
-    if not store.valid_job(job):
+    if not livespool.valid_job(job):
         return True
     try:
-        os.lstat(store.job_dir(cfg.paths.spool, job))
+        os.lstat(livespool.job_dir(cfg.paths.spool, job))
     except FileNotFoundError:
         pass
     except Exception:  # noqa: BLE001 - unreadable or odd: the full path says what it is

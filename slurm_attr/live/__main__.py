@@ -10,7 +10,7 @@ import resource
 import sys
 
 from .. import config as config_mod
-from . import store
+from . import livespool
 from .host import Host, Slots, StepArgs
 
 
@@ -61,7 +61,7 @@ def _args(a: argparse.Namespace, p: argparse.ArgumentParser) -> StepArgs:
         node, since = a.node, None
         if node is None:
             p.error("--node is required without --stepd-pid")
-    if not store.valid_node(node or ""):
+    if not livespool.valid_node(node or ""):
         p.error(f"bad node name {node!r}")
     return StepArgs(job=a.job, node=node, step=a.step, jobdir=a.jobdir, leader=a.leader, nnodes=a.nnodes,
                     gid=a.gid, stepd_pid=a.stepd_pid, since_ns=since)
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--config", default=None)
     w.add_argument("--cycles", type=int, default=None, help="stop after N cycles (tests)")
     a = p.parse_args(argv)
-    if not (store.valid_job(a.job) and store.valid_step(a.step)):
+    if not (livespool.valid_job(a.job) and livespool.valid_step(a.step)):
         p.error("bad --job or --step")
     cfg = config_mod.load(a.config)
     if not cfg.live.enabled:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from ..errors import UnsafePath
-from . import store
+from . import livespool
 
 # where a node's dumps lie (droppable) and its other files (counted, never dropped)
 DUMP_DIRS = ("dumps/{step}/nodes/{node}/fr", "dumps/{step}/nodes/{node}/stacks")
@@ -130,7 +130,7 @@ def _steps(live_dir: str) -> list[str]:
             names = os.listdir(os.path.join(live_dir, top))
         except OSError:
             continue
-        out.update(n for n in names[:MAX_STEPS] if store.valid_step(n))
+        out.update(n for n in names[:MAX_STEPS] if livespool.valid_step(n))
     return sorted(out)
 
 

@@ -2,9 +2,11 @@
 would name (the ones the others wait for: nothing under way themselves).
 
 Node side (``NodeBusy``, every cycle): each local rank's CPU and storage-I/O counters
-(procstat.py; its children's too, its data-loader workers, when the rank itself is still)
-and, for the ranks the leader asks about in ``busyreq.<step>.json``, the Python stack
-through its worker server (dumps.fetch_stacks: ``dump_traceback``). The node's summary
+(procstat.py; its children's too, its data-loader workers, when the rank itself is still;
+while the leader's questions are fresh, its GPU's utilisation where the node has GPUs:
+gpustat.py, a computing GPU moves like a counter, no nvidia-smi no signal) and, for the
+ranks the leader asks about in ``busyreq.<step>.json``, the Python stack through its worker
+server (dumps.fetch_stacks: ``dump_traceback``). The node's summary
 carries per local rank how long its counters have been still and what its stack is in.
 
 Leader side (``LeaderBusy``): asks the stacks of a stall's idle ranks once it is past half
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import UnsafePath
-from . import procstat, store
+from . import gpustat, procstat, livespool
 from .dumps import Limits, fetch_stacks, main_thread, parse_traceback
 from .nodeview import pending
 
@@ -79,6 +81,7 @@ class _Proc:
     seen: float
     moved: float | None = None  # when its counters (or its children's) last moved
     io_moved: float | None = None
+    gpu_moved: float | None = None  # its GPU last seen computing (gpustat.py); None: never
     kids: dict[int, tuple[int, int, int | None]] = field(default_factory=dict)  # pid -> (start, cpu, io)
     kids_at: float | None = None  # the cycle the children were read in
     kind: str | None = None
@@ -91,11 +94,15 @@ class NodeBusy:
     """One node's side: counters every cycle, stacks when the leader asks."""
 
     def __init__(self, live_dir: str, job: str, step: str, node: str, jobdir: str, limits: Any,
-                 counters: Any = procstat.counters, children: Any = procstat.children, stacks: Any = fetch_stacks):
+                 counters: Any = procstat.counters, children: Any = procstat.children, stacks: Any = fetch_stacks,
+                 gpu: Any = None):
         self.live_dir, self.job, self.step, self.node, self.jobdir = live_dir, job, step, node, jobdir
         self.limits = limits  # uid -> dumps.Limits (the node's worker-socket budgets)
         # what reads the processes (procstat, the worker servers); the tests' and bench's stand-ins
         self.counters, self.children, self.stacks = counters, children, stacks
+        self.gpu = gpu if gpu is not None else gpustat.GpuProbe()
+        self.gpu_now: dict[int, gpustat.GpuUse] = {}
+        self.asked_at: float | None = None  # when this node last answered the leader's stack request
         self.procs: dict[int, _Proc] = {}
         self.done_seq = 0
         self.last: float | None = None
@@ -104,6 +111,9 @@ class NodeBusy:
         """pid -> what the leader needs, for the local ranks ``ranks`` (pid -> global rank)."""
         dt = now - self.last if self.last is not None else None
         self.last = now
+        # nvidia-smi only while the leader judges a stall here: it costs a process per call
+        fresh = self.asked_at is not None and now - self.asked_at <= 2 * REFRESH_S
+        self.gpu_now = (self.gpu.sample(now) or {}) if fresh else {}
         procs: dict[int, _Proc] = {}
         for pid in sorted(ranks)[:MAX_PIDS]:
             c = self.counters(pid)
@@ -116,7 +126,7 @@ class NodeBusy:
             p.cpu, p.io = c.cpu_ticks, c.io_bytes
             procs[pid] = p
         self.procs = procs
-        self._stacks(ranks, uid)
+        self._stacks(ranks, uid, now)
         return {str(pid): self._row(p, ranks.get(pid), now) for pid, p in procs.items()}
 
     def _moved(self, pid: int, p: _Proc, c: procstat.Counters, now: float, dt: float, uid: int | None) -> None:
@@ -126,7 +136,10 @@ class NodeBusy:
             cpu, io = self._kids_moved(pid, p, now, dt, uid)  # the rank waits on its workers?
         else:
             p.kids, p.kids_at = {}, None
-        if cpu or io:
+        gpu = gpustat.active(self.gpu_now.get(pid))
+        if gpu:
+            p.gpu_moved = now
+        if cpu or io or gpu:
             p.moved = now
         if io:
             p.io_moved = now
@@ -149,10 +162,10 @@ class NodeBusy:
         p.kids, p.kids_at = kids, now
         return cpu, io
 
-    def _stacks(self, ranks: dict[int, int | None], uid: int | None) -> None:
+    def _stacks(self, ranks: dict[int, int | None], uid: int | None, now: float) -> None:
         """Answer a new request of the leader's for this node's ranks' stacks."""
         try:
-            req = store.read_json(self.live_dir, req_name(self.step), REQ_CAP)
+            req = livespool.read_json(self.live_dir, req_name(self.step), REQ_CAP)
         except (UnsafePath, ValueError, OSError):
             return
         seq = req.get("seq") if isinstance(req, dict) and req.get("job") == self.job else None
@@ -166,11 +179,18 @@ class NodeBusy:
                 want[e[2]] = e[1]
         if not want:
             return
+        self.asked_at = now
         lim: Limits = self.limits(uid)
         lim.timeout_s = min(lim.timeout_s, STACK_TIMEOUT_S)
         got = self.stacks(self.jobdir, lim, set(want))
         for g, pid in want.items():
             p = self.procs[pid]
+            # answering costs the rank CPU and storage writes of its own (torch's worker server
+            # dumps the traceback through a file): counted from here, they made a rank blocked
+            # for good look busy again after every request, until the ceiling
+            c = self.counters(pid)
+            if c is not None and c.start == p.start:
+                p.cpu, p.io = c.cpu_ticks, c.io_bytes
             p.stack_seq, res = seq, got.get(g)
             if isinstance(res, str):
                 (p.kind, p.at), p.stack_error = stack_kind(res), None
@@ -182,6 +202,8 @@ class NodeBusy:
     def _row(p: _Proc, g: int | None, now: float) -> dict[str, Any]:
         row: dict[str, Any] = {"g": g, "still_s": round(now - p.moved, 2) if p.moved is not None else None,
                                "io_still_s": round(now - p.io_moved, 2) if p.io_moved is not None else None}
+        if p.gpu_moved is not None:
+            row["gpu_still_s"] = round(now - p.gpu_moved, 2)
         if p.stack_seq:
             row.update(seq=p.stack_seq, kind=p.kind, at=(p.at or "")[:200] or None, stack_error=p.stack_error)
         return row
@@ -200,7 +222,9 @@ def rank_busy(b: Any, awaiting: bool) -> str | None:
     if awaiting and not b.get("seq"):
         return "counters moving, its stack asked"
     if kind is None and b.get("stack_error"):  # no stack to tell busy from spinning: moving is busy
-        what = "storage I/O" if isinstance(io_still, (int, float)) and io_still < FROZEN_S else "CPU"
+        gpu_still = b.get("gpu_still_s")
+        what = ("storage I/O" if isinstance(io_still, (int, float)) and io_still < FROZEN_S
+                else "GPU" if isinstance(gpu_still, (int, float)) and gpu_still < FROZEN_S else "CPU")
         return f"{what} moving (no stack: {str(b.get('stack_error'))[:80]})"
     return None
 
@@ -211,7 +235,7 @@ class LeaderBusy:
     def __init__(self, live_dir: str, job: str, step: str):
         self.live_dir, self.job, self.step = live_dir, job, step
         try:
-            old = store.read_json(live_dir, req_name(step), REQ_CAP)
+            old = livespool.read_json(live_dir, req_name(step), REQ_CAP)
             self.seq = old["seq"] if isinstance(old, dict) and isinstance(old.get("seq"), int) else 0
         except (UnsafePath, ValueError, OSError, KeyError):
             self.seq = 0
@@ -238,7 +262,7 @@ class LeaderBusy:
             return
         self.seq += 1
         self.asked, self.asked_at = want, now
-        store.write_json(self.live_dir, "", req_name(self.step),
+        livespool.write_json(self.live_dir, "", req_name(self.step),
                          {"job": self.job, "step": self.step, "seq": self.seq,
                           "ranks": [list(x) for x in sorted(want)[:MAX_PIDS]]})
 

@@ -132,8 +132,11 @@ class Tracker:
                 continue
             quiet = now - latest
             busy = any(pending(m) for m in members.values()) or len({tuple(m.get("fs") or ()) for m in members.values()}) > 1
-            if quiet == 0 and st.quiet_s > 0:
-                st.longest_s = max(st.longest_s, st.quiet_s)  # a stall that ended: a slow collective
+            if quiet == 0 and st.quiet_s > 0 and not st.deferred:
+                # a stall that ended: a slow collective. Not one judged busy (a checkpoint the
+                # others waited for): on the test cluster a 33 s checkpoint raised the ceiling
+                # to 132 s, past which the next busy-looking stall waited instead of 60 s
+                st.longest_s = max(st.longest_s, st.quiet_s)
             if quiet == 0 and st.gaps is not None and (busy or st.quiet_s > 0) and not st.deferred:
                 st.gaps.add(st.quiet_s)  # progress seen: the pending span it ended (0: steady)
             if quiet == 0:

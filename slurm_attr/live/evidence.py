@@ -13,7 +13,7 @@ from typing import Any
 from ..bundle import Bundle
 from ..config import Config
 from ..model import Coverage, Evidence, Symptom
-from . import findings, prekillevidence, slowevidence, spool_job, store
+from . import findings, prekillevidence, slowevidence, spool_job, livespool
 
 ID = "live.hang"
 PRIORITY = 40  # under probe.* (55-60): the full records are the finer evidence
@@ -24,7 +24,7 @@ def analyze(bundle: Bundle, cfg: Config) -> tuple[list[Symptom], list[Coverage]]
     if not cfg.live.enabled:
         return [], []
     job = spool_job(bundle)
-    if not store.valid_job(job):
+    if not livespool.valid_job(job):
         return [], []
     doc = findings.load(cfg.paths.spool, job)
     slow = slowevidence.postmortem(bundle, cfg, doc)  # S1/S3 of a COMPLETED job without live ones
@@ -40,10 +40,10 @@ def analyze(bundle: Bundle, cfg: Config) -> tuple[list[Symptom], list[Coverage]]
         if not isinstance(f, dict):
             continue
         if f.get("kind") == "slow":  # S1-S3: context, never a cause (slowevidence.py)
-            out.append(slowevidence.symptom(f, f"{store.LIVE}/{job}/{findings.name(str(f.get('step', '?')))}"))
+            out.append(slowevidence.symptom(f, f"{livespool.LIVE}/{job}/{findings.name(str(f.get('step', '?')))}"))
             continue
         ranks = [r for r in f.get("ranks") or () if isinstance(r, int)]
-        nodes = [n for n in f.get("nodes") or () if isinstance(n, str) and store.valid_node(n)]
+        nodes = [n for n in f.get("nodes") or () if isinstance(n, str) and livespool.valid_node(n)]
         cause = f.get("cause") if f.get("cause") in ("rank_stuck", "collective_mismatch", "network", "comm_hang") \
             else "comm_hang"
         line = findings.headline(f)
@@ -59,7 +59,7 @@ def analyze(bundle: Bundle, cfg: Config) -> tuple[list[Symptom], list[Coverage]]
                                   "comm": f.get("comm"), "waiting_since": f.get("waiting_since"),
                                   "quiet_s": f.get("quiet_s"), "stacks": at[:16],
                                   "gpu_minutes_saved": saved_gpu_minutes(f)},
-            evidence=[Evidence(source=SOURCE, path=f"{store.LIVE}/{job}/{findings.name(str(f.get('step', '?')))}", text=line)]))
+            evidence=[Evidence(source=SOURCE, path=f"{livespool.LIVE}/{job}/{findings.name(str(f.get('step', '?')))}", text=line)]))
     cov = doc.get("coverage") if isinstance(doc.get("coverage"), str) else ""
     return out, [Coverage(source=SOURCE, status="ok", detail=f"live watch: {cov[:300]}")] + prekill_cov
 

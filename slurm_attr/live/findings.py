@@ -13,9 +13,10 @@ import re
 from datetime import datetime
 from typing import Any
 
-from .. import jobtext, safefs
+from .. import jobtext, jsonshape, safefs
 from ..errors import UnsafePath
-from . import store
+from . import livespool
+from .findingshape import StepDoc
 
 MAX_FINDINGS = 20
 MAX_STEPS = 64
@@ -25,40 +26,47 @@ def name(step: str) -> str:
     return f"finding.{step}.json"
 
 
+def _read_step(spool: str, job: str, step: str) -> tuple[dict[str, Any], StepDoc] | None:
+    """The document as written and its checked header (findingshape), None when there is
+    none or it is not this step's."""
+    try:
+        doc = livespool.read_json(livespool.job_dir(spool, job), name(step), livespool.FINDING_CAP, owner=0)
+        head = jsonshape.lenient(doc, StepDoc)
+    except (UnsafePath, ValueError, OSError, RecursionError):  # msgspec.ValidationError is a ValueError
+        return None
+    if head.job != job or head.step != step:
+        return None
+    return doc, head
+
+
 def load_step(spool: str, job: str, step: str) -> dict[str, Any] | None:
     """One step's findings document, None when there is none (or it is not trustworthy)."""
-    try:
-        doc = store.read_json(store.job_dir(spool, job), name(step), store.FINDING_CAP, owner=0)
-    except (UnsafePath, ValueError, OSError):
-        return None
-    if (not isinstance(doc, dict) or doc.get("job") != job or doc.get("step") != step
-            or not isinstance(doc.get("findings"), list)):
-        return None
-    return doc
+    got = _read_step(spool, job, step)
+    return got[0] if got is not None else None
 
 
 def load(spool: str, job: str) -> dict[str, Any] | None:
     """Every step's findings of the job merged into one document, None when none."""
     try:
-        entries = safefs.list_dir(store.job_dir(spool, job))
+        entries = safefs.list_dir(livespool.job_dir(spool, job))
     except (UnsafePath, ValueError):
         return None
     steps = sorted(n[len("finding."):-len(".json")] for n, kind in entries
                    if kind == "file" and n.startswith("finding.") and n.endswith(".json"))
-    docs = [d for d in (load_step(spool, job, s) for s in steps[:MAX_STEPS] if store.valid_step(s)) if d]
+    docs = [got[1] for got in (_read_step(spool, job, s) for s in steps[:MAX_STEPS] if livespool.valid_step(s)) if got]
     if not docs:
         return None
-    covs = [f"step {d['step']}: {d['coverage']}" for d in docs if isinstance(d.get("coverage"), str)]
-    dumps = [x for d in docs for x in (d.get("dumps") if isinstance(d.get("dumps"), list) else ())]
-    notes = [x for d in docs for x in (d.get("notes") if isinstance(d.get("notes"), list) else ())]
-    return {"job": job, "findings": [f for d in docs for f in d["findings"]], "coverage": "; ".join(covs),
+    covs = [f"step {d.step}: {d.coverage}" for d in docs if d.coverage is not None]
+    dumps = [x for d in docs for x in d.dumps]
+    notes = [x for d in docs for x in d.notes]
+    return {"job": job, "findings": [f for d in docs for f in d.findings], "coverage": "; ".join(covs),
             "dumps": dumps, "notes": notes[-MAX_FINDINGS:]}
 
 
 def save(spool: str, job: str, step: str, doc: dict[str, Any], gid: int | None) -> None:
     doc["findings"] = doc.get("findings", [])[-MAX_FINDINGS:]
     doc["job"], doc["step"] = job, step
-    store.write_json(store.job_dir(spool, job), "", name(step), doc, mode=0o640, gid=gid)
+    livespool.write_json(livespool.job_dir(spool, job), "", name(step), doc, mode=0o640, gid=gid)
 
 
 def _clock(iso_time: Any) -> str:
@@ -109,7 +117,11 @@ def stack_lines(stacks: Any, culprits: Any = ()) -> list[str]:
     culprits first (the ranks the others wait for), then the waiting ones."""
     rows = [s for s in stacks if isinstance(s, dict)] if isinstance(stacks, list) else []
     first = {r for r in culprits or () if isinstance(r, int)}
-    rows.sort(key=lambda s: (s.get("rank") not in first, s.get("rank") if isinstance(s.get("rank"), int) else 0))
+    def order(s: dict[str, Any]) -> tuple[bool, int]:
+        rank = s.get("rank") if isinstance(s.get("rank"), int) else None  # a list or object is no rank (nor hashable)
+        return rank not in first or rank is None, rank or 0
+
+    rows.sort(key=order)
     return [f"rank {jobtext.line(s.get('rank'))} ({jobtext.line(s.get('node'))}) is at {_where(s.get('at'))}"
             for s in rows[:16]]
 

@@ -25,7 +25,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Optional
 
-from . import store
+from . import livespool
 from .stepd import Stepd
 
 QUEUE = "queue"
@@ -59,7 +59,7 @@ class StepArgs:
             a = cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
         except (TypeError, KeyError):
             return None
-        ok = (store.valid_job(a.job) and store.valid_step(a.step) and store.valid_node(a.node)
+        ok = (livespool.valid_job(a.job) and livespool.valid_step(a.step) and livespool.valid_node(a.node)
               and isinstance(a.jobdir, str) and os.path.isabs(a.jobdir)
               and all(v is None or (isinstance(v, int) and not isinstance(v, bool))
                       for v in (a.gid, a.stepd_pid, a.since_ns)))

@@ -28,14 +28,15 @@ import time
 from datetime import datetime
 from typing import Any, Callable
 
-from .. import safefs
+from .. import jsonshape, safefs
 from ..collect.jobstate import tres_gpus
 from ..config import Config, Live
 from ..errors import SattrError, UnsafePath
 from ..probe.comms import iso
 from ..slurm import from_config
 from ..slurm.cancel import CancelRefused
-from . import budget, dumps, ras, store
+from . import budget, dumps, ras, livespool
+from .prekillshape import DumpRequest, NodeHead, NodeResult
 from .workerclient import PeerCheck
 
 REQ_CAP = 64 << 10
@@ -49,13 +50,17 @@ def req_name(step: str) -> str:
     return f"dumpreq.{step}.json"
 
 
-def current_seq(live_dir: str, job: str, step: str) -> int:
+def read_request(live_dir: str, step: str) -> DumpRequest | None:
+    """The step's dump request, None when there is none or it is not one (prekillshape)."""
     try:
-        req = store.read_json(live_dir, req_name(step), REQ_CAP)
-    except (UnsafePath, ValueError, OSError):
-        return 0
-    seq = req.get("seq") if isinstance(req, dict) and req.get("job") == job else None
-    return seq if isinstance(seq, int) and not isinstance(seq, bool) else 0
+        return jsonshape.strict(livespool.read_json(live_dir, req_name(step), REQ_CAP), DumpRequest)
+    except (UnsafePath, ValueError, OSError, RecursionError):  # msgspec.ValidationError is a ValueError
+        return None
+
+
+def current_seq(live_dir: str, job: str, step: str) -> int:
+    req = read_request(live_dir, step)
+    return req.seq if req is not None and req.job == job else 0
 
 
 # ---- the node's side --------------------------------------------------------------------
@@ -90,22 +95,16 @@ class NodeDumps:
         return dumps.Limits(uid=uid, max_sockets=self.live.max_sockets, timeout_s=self.live.collect_timeout_s,
                             held_cap=max(dumps.FR_CAP, self.live.watcher_mem_bytes // 4), owner=self.owner)
 
-    def pending(self) -> dict[str, Any] | None:
-        try:
-            req = store.read_json(self.live_dir, req_name(self.step), REQ_CAP)
-        except (UnsafePath, ValueError, OSError):
-            return None
-        if (not isinstance(req, dict) or req.get("job") != self.job or not isinstance(req.get("seq"), int)
-                or req["seq"] <= self.done_seq):
-            return None
-        return req
+    def pending(self) -> DumpRequest | None:
+        req = read_request(self.live_dir, self.step)
+        return req if req is not None and req.job == self.job and req.seq > self.done_seq else None
 
     def serve(self) -> dict[str, Any] | None:
         """Collect once for a new request; the result as written (None: nothing asked)."""
         req = self.pending()
         if req is None:
             return None
-        self.done_seq = req["seq"]
+        self.done_seq = req.seq
         uid = self.job_uid()
         base = f"dumps/{self.step}"
         rel = f"{base}/nodes/{self.node}"
@@ -120,7 +119,7 @@ class NodeDumps:
                 room = kept.room_for(f"{rel}/{sub}/{name}", len(data))
                 dropped.extend(kept.dropped)
                 if room:
-                    store.write_atomic(self.live_dir, f"{rel}/{sub}", name, data)
+                    livespool.write_atomic(self.live_dir, f"{rel}/{sub}", name, data)
                     kept.wrote(f"{rel}/{sub}/{name}", len(data), time.time_ns())
                     fresh.add(f"{rel}/{sub}/{name}")
                 last["used"] = kept.used()
@@ -129,14 +128,14 @@ class NodeDumps:
                         f"({last['used']} of {self.cap} bytes used)")
             return None
 
-        res: dict[str, Any] = {"job": self.job, "node": self.node, "seq": req["seq"], "reason": req.get("reason")}
+        res: dict[str, Any] = {"job": self.job, "node": self.node, "seq": req.seq, "reason": req.reason}
         if uid is None:
             res["error"] = "no job dir"
         else:
             res.update(dumps.collect(self.jobdir, self.limits(uid), save))
         res["budget"] = {"cap": self.cap, "used": last["used"], "dropped": dropped[:20]}
         res["time_ns"] = time.time_ns()
-        store.write_json(self.live_dir, base, f"{self.node}.json", res)
+        livespool.write_json(self.live_dir, base, f"{self.node}.json", res)
         return res
 
     def poll(self, now: float, period: float) -> dict[str, Any] | None:
@@ -217,7 +216,7 @@ class LeaderDumps:
     def request(self, reason: str, finding: dict[str, Any] | None) -> None:
         self.seq += 1
         now_ns = time.time_ns()
-        store.write_json(self.live_dir, "", req_name(self.step),
+        livespool.write_json(self.live_dir, "", req_name(self.step),
                          {"job": self.job, "step": self.step, "seq": self.seq, "reason": reason, "time_ns": now_ns})
         self.open = {"seq": self.seq, "reason": reason, "time_ns": now_ns, "finding": finding,
                      "t0": time.monotonic()}
@@ -237,10 +236,11 @@ class LeaderDumps:
             if kind != "file" or not name.endswith(".json") or name.startswith("."):
                 continue
             try:
-                r = store.read_json(self.live_dir, f"dumps/{self.step}/{name}", RESULT_CAP)
-            except (UnsafePath, ValueError, OSError):
+                r = livespool.read_json(self.live_dir, f"dumps/{self.step}/{name}", RESULT_CAP)
+                head = jsonshape.strict(r, NodeHead)
+            except (UnsafePath, ValueError, OSError, RecursionError):  # ValidationError: not a result
                 continue
-            if isinstance(r, dict) and r.get("seq") == seq and r.get("job") == self.job:
+            if head.seq == seq and head.job == self.job:
                 out.append(r)
         return out
 
@@ -311,15 +311,12 @@ def agreement(f: dict[str, Any], res: list[dict[str, Any]]) -> str | None:
     if f.get("source") not in PROBE_SOURCES:
         return None
     pending = in_torch = 0
-    for rr in _rank_rows(res):
-        fr = rr.get("fr") if isinstance(rr.get("fr"), dict) else {}
-        pgs = fr.get("pg") if isinstance(fr.get("pg"), dict) else {}
-        if any(isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) for x in v) and v[0] > v[1]
-               for v in pgs.values()):
-            pending += 1
-        st = rr.get("stack") if isinstance(rr.get("stack"), dict) else {}
-        if "/torch/distributed/" in str(st.get("inner") or ""):
-            in_torch += 1
+    for r in node_results(res):
+        for rr in r.ranks.values():
+            if rr.fr is not None and any(enq > comp for enq, comp in rr.fr.pg.values()):
+                pending += 1
+            if rr.stack is not None and "/torch/distributed/" in str(rr.stack.inner or ""):
+                in_torch += 1
     if pending:
         return f"Flight Recorder: {pending} rank(s) with a collective enqueued and not completed"
     if in_torch:
@@ -327,38 +324,40 @@ def agreement(f: dict[str, Any], res: list[dict[str, Any]]) -> str | None:
     return None
 
 
-def _rank_rows(res: list[Any]) -> list[dict[str, Any]]:
-    """Every rank's row of every node's result (the results are ours, their content the ranks')."""
-    return [rr for r in res if isinstance(r, dict) and isinstance(r.get("ranks"), dict)
-            for rr in r["ranks"].values() if isinstance(rr, dict)]
+def node_results(res: list[Any]) -> list[NodeResult]:
+    """The nodes' results as their shape (prekillshape): the results are ours, their content
+    the ranks'; a result that is not an object is left out, a bad field of one reads as absent."""
+    out = []
+    for r in res:
+        try:
+            out.append(jsonshape.lenient(r, NodeResult))
+        except jsonshape.ValidationError:
+            continue
+    return out
 
 
 def summarize(res: list[dict[str, Any]], req: dict[str, Any], nnodes: int) -> dict[str, Any]:
     stacks, fr_ranks, pipes, errors, dropped, pushed = [], [], 0, [], [], []
     done_ns = 0
-    for r in sorted(res, key=lambda x: str(x.get("node"))):
-        node = r.get("node") if isinstance(r.get("node"), str) else "?"
-        done_ns = max(done_ns, r.get("time_ns") if isinstance(r.get("time_ns"), int) else 0)
-        b = r.get("budget") if isinstance(r.get("budget"), dict) else {}
-        pushed += [f"{node}: removed to make room: {d}"[:200] for d in (b.get("dropped") or [])[:5]
-                   if isinstance(d, str)]
-        pipes += sum(1 for v in r["pipes"].values() if v == "sent") if isinstance(r.get("pipes"), dict) else 0
-        rows = r.get("ranks") if isinstance(r.get("ranks"), dict) else {}
-        for rank, rr in sorted(rows.items(), key=lambda kv: int(kv[0]) if str(kv[0]).isdigit() else -1):
-            if not (str(rank).isdigit() and isinstance(rr, dict)):
+    for r in sorted(node_results(res), key=lambda x: x.node):
+        node = r.node
+        done_ns = max(done_ns, r.time_ns)
+        pushed += [f"{node}: removed to make room: {d}"[:200] for d in r.budget.dropped[:5]]
+        pipes += sum(1 for v in r.pipes.values() if v == "sent")
+        for rank, rr in sorted(r.ranks.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else -1):
+            if not rank.isdigit():
                 continue
-            if isinstance(rr.get("fr"), dict):
+            if rr.fr is not None:
                 fr_ranks.append(int(rank))
-            st = rr.get("stack")
-            if isinstance(st, dict) and isinstance(st.get("at"), str) and len(stacks) < MAX_STACKS:
-                stacks.append({"rank": int(rank), "node": node, "at": st["at"][:300],
-                               "inner": str(st.get("inner") or "")[:300]})
-            for k in ("stack_error", "fr_error"):
-                if rr.get(k):
-                    errors.append(f"rank {rank}: {rr[k]}"[:200])
-            for k, what in (("fr_dropped", "FR"), ("stack_dropped", "stack")):
-                if rr.get(k):
-                    dropped.append(f"{node}: {what} of rank {rank} {rr[k]}"[:200])
+            if rr.stack is not None and rr.stack.at is not None and len(stacks) < MAX_STACKS:
+                stacks.append({"rank": int(rank), "node": node, "at": rr.stack.at[:300],
+                               "inner": str(rr.stack.inner or "")[:300]})
+            for msg in (rr.stack_error, rr.fr_error):
+                if msg:
+                    errors.append(f"rank {rank}: {msg}"[:200])
+            for msg, what in ((rr.fr_dropped, "FR"), (rr.stack_dropped, "stack")):
+                if msg:
+                    dropped.append(f"{node}: {what} of rank {rank} {msg}"[:200])
     latency = round((done_ns - req["time_ns"]) / 1e9, 3) if done_ns else None
     return {"seq": req["seq"], "reason": req["reason"], "requested": iso(req["time_ns"]),
             "nodes_answered": len(res), "nodes": nnodes, "pipes_sent": pipes, "fr_ranks": sorted(fr_ranks),

@@ -14,10 +14,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from .. import jsonshape
 from ..bundle import Bundle
 from ..config import Config
 from ..model import Coverage, Evidence, Symptom
-from . import findings, store
+from . import findings, livespool
+from .prekillshape import LiveDoc, Summary
 
 STACKS_ID = "live.stacks"
 MAX_STEPS = 8
@@ -32,9 +34,9 @@ def fr_symptoms(bundle: Bundle, cfg: Config, job: str) -> tuple[list[Symptom], l
         return [], []
     from .. import flightrec
 
-    base = os.path.join(store.job_dir(cfg.paths.spool, job), "dumps")
+    base = os.path.join(livespool.job_dir(cfg.paths.spool, job), "dumps")
     try:
-        steps = sorted(n for n in os.listdir(base) if store.valid_step(n))[:MAX_STEPS]
+        steps = sorted(n for n in os.listdir(base) if livespool.valid_step(n))[:MAX_STEPS]
     except OSError:
         return [], []
     out: list[Symptom] = []
@@ -54,7 +56,7 @@ def fr_symptoms(bundle: Bundle, cfg: Config, job: str) -> tuple[list[Symptom], l
         for s in rep.symptoms:
             s.trusted = False
             s.fields = {**s.fields, "prekill": True}
-            s.evidence = [Evidence(source="live", path=f"{store.LIVE}/{job}/dumps/{step}/{e.path}"
+            s.evidence = [Evidence(source="live", path=f"{livespool.LIVE}/{job}/dumps/{step}/{e.path}"
                                    if e.path else None, line=e.line, text=e.text) for e in s.evidence]
         out += rep.symptoms
         cov.append(Coverage(source="fr", status="ok",
@@ -67,20 +69,23 @@ def stacks_symptom(doc: dict[str, Any] | None, job: str) -> list[Symptom]:
     """Where the ranks were at the latest dump (a hang's or the one before the end)."""
     if not doc:
         return []
-    sets: list[tuple[str, dict[str, Any], Any]] = []
-    for f in doc.get("findings") or ():
-        if isinstance(f, dict) and isinstance(f.get("dumps"), dict) and f.get("stacks"):
-            sets.append(("hang", f["dumps"], f.get("stacks")))
-    for d in doc.get("dumps") or ():
-        if isinstance(d, dict) and d.get("stacks"):
-            sets.append((str(d.get("reason")), d, d.get("stacks")))
+    try:
+        live = jsonshape.lenient(doc, LiveDoc)  # the document's words are the ranks': shape first
+    except jsonshape.ValidationError:
+        return []
+    sets: list[tuple[str, Summary, list[dict[str, Any]]]] = []
+    for f in live.findings:
+        if f.dumps is not None and f.stacks:
+            sets.append(("hang", f.dumps, f.stacks))
+    for d in live.dumps:
+        if d.stacks:
+            sets.append((str(d.reason), d, d.stacks))
     if not sets:
         return []
-    reason, d, stacks = max(sets, key=lambda x: str(x[1].get("requested")))
+    reason, d, stacks = max(sets, key=lambda x: str(x[1].requested))
     rows = findings.stack_lines(stacks)
     when = "before the job's end" if reason == "before_end" else "on the hang"
-    text = f"ranks at the dump {when} ({d.get('requested')}): " + "; ".join(rows[:8])
+    text = f"ranks at the dump {when} ({d.requested}): " + "; ".join(rows[:8])
     return [Symptom(id=STACKS_ID, cause="unknown", role="context", priority=10, trusted=False,
-                    time=d.get("requested") if isinstance(d.get("requested"), str) else None,
-                    summary=text[:1000], fields={"reason": reason, "stacks": [s for s in stacks if isinstance(s, dict)][:64]},
-                    evidence=[Evidence(source="live", path=f"{store.LIVE}/{job}/dumps", text=r[:300]) for r in rows[:16]])]
+                    time=d.requested, summary=text[:1000], fields={"reason": reason, "stacks": stacks[:64]},
+                    evidence=[Evidence(source="live", path=f"{livespool.LIVE}/{job}/dumps", text=r[:300]) for r in rows[:16]])]

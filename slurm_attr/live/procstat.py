@@ -10,7 +10,9 @@ at most ``MAX_CHILDREN`` children of a rank are read (its data-loader workers).
 CPU is utime + stime in clock ticks; I/O is ``read_bytes + write_bytes`` of /proc/PID/io,
 the bytes that went to or from storage (a checkpoint, a dataset): the bytes through
 sockets and terminals (``rchar``/``wchar``) are left out, since a stuck rank's logging
-thread, or our own stack request, would move them.
+thread, or our own stack request, would move them. The stack request moves the storage
+bytes and the CPU too (torch's worker server dumps the traceback through a file, seen on
+the test cluster): busy.py reads the asked ranks' counters again after asking.
 """
 from __future__ import annotations
 

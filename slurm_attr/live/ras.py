@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..configcheck import host_port
-from . import rasreport, store
+from . import rasreport, livespool
 
 PROTOCOL = 2
 CAP = 1 << 20  # the report; a 4096-rank verbose text report is far below
@@ -213,7 +213,7 @@ def _ask(host: str, port: int, live_dir: str, step: str, deadline: float,
     if ans.text is None:
         return None, ans.note
     try:
-        store.write_atomic(live_dir, "ras", f"{step}.{name}.{ans.form}", ans.text.encode())
+        livespool.write_atomic(live_dir, "ras", f"{step}.{name}.{ans.form}", ans.text.encode())
     except OSError:
         pass  # the opinion does not depend on the copy
     return rasreport.parse(ans.text, ans.truncated), ans.note

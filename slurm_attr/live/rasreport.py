@@ -23,16 +23,21 @@ unreadable yields ``{"error": ...}``, never an exception.
 """
 from __future__ import annotations
 
-import json
 import re
-from typing import Any
+from typing import Any, TypeVar
+
+import msgspec
+
+from .. import jsonshape
+from . import rasshape
 
 MAX_LINES = 20_000
 MAX_LINE = 512
 MAX_COMMS = 256
 MAX_RANKS = 64  # ranks kept per list (the opinion names a few)
-MAX_INT = 1 << 62
+MAX_INT = rasshape.MAX_INT
 IN_PROGRESS = 7  # ncclInProgress: not an error (ncclSuccess = 0)
+T = TypeVar("T")
 
 _NUM = r"(\d{1,18})"
 # Group, Comms in group, Nodes per comm, Ranks per node ("3-4"), Ranks per comm, Ranks in group, Status, Errors
@@ -65,9 +70,9 @@ def parse(text: str, truncated: bool = False) -> dict[str, Any]:
         if body.startswith("{"):
             if truncated:
                 return {"error": "JSON report cut at the size cap"}
-            return _from_json(json.loads(body))
+            return _from_json(body)
         return _from_text(text, truncated)
-    except (ValueError, TypeError, KeyError, RecursionError) as err:
+    except (ValueError, TypeError, KeyError, RecursionError) as err:  # msgspec.DecodeError is a ValueError
         return {"error": f"unreadable RAS report: {type(err).__name__}: {str(err)[:120]}"}
 
 
@@ -277,74 +282,71 @@ def _from_text(text: str, truncated: bool) -> dict[str, Any]:
 
 
 # ---- the JSON form -------------------------------------------------------------------------
-def _jint(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < MAX_INT else None
+def _entries(raw: list[Any], typ: type[T], r: dict[str, Any]) -> list[T]:
+    """Each entry of a list alone (jsonshape.lenient): a bad one is counted in
+    ``dropped`` and the others kept, as the hand-written checks before the shapes did."""
+    out = []
+    for x in raw[:1 << 16]:
+        try:
+            out.append(jsonshape.lenient(x, typ))
+        except jsonshape.ValidationError:
+            r["dropped"] += 1
+    return out
 
 
-def _from_json(doc: Any) -> dict[str, Any]:
-    if not isinstance(doc, dict) or not isinstance(doc.get("communicators"), list):
-        return {"error": "not a RAS JSON report (no communicators list)"}
+def _from_json(body: str) -> dict[str, Any]:
+    # decoded once to Python objects, then shaped: the lenient reading (rasshape) needs the
+    # objects; a number past float range (1e999) or NaN makes the report unreadable
+    try:
+        doc = jsonshape.lenient(msgspec.json.decode(body), rasshape.Report)
+    except jsonshape.ValidationError as err:  # not an object, or no communicators list
+        return {"error": f"not a RAS JSON report: {jsonshape.why(err, 120)}"}
     r = _new_report("json")
-    v = doc.get("nccl_version")
-    r["version"] = v[:32] if isinstance(v, str) else None
+    r["version"] = doc.nccl_version[:32] if doc.nccl_version is not None else None
     procs: set[tuple[str, int]] = set()
     dead: set[tuple[str, int]] = set()
-    for jc in doc["communicators"][:MAX_COMMS]:
-        if not isinstance(jc, dict) or norm_hash(jc.get("hash")) is None:
-            r["dropped"] += 1
-            continue
-        c = _json_comm(jc, r, procs, dead)
-        r["comms"].append(c)
-    ras = doc.get("ras") if isinstance(doc.get("ras"), dict) else {}
-    r["timeouts"] = _jint(ras.get("timeouts_count")) or 0
+    for jc in _entries(doc.communicators[:MAX_COMMS], rasshape.Comm, r):
+        r["comms"].append(_json_comm(jc, r, procs, dead))
+    r["timeouts"] = doc.ras.timeouts_count
     r["processes"] = len(procs) or None
     r["dead_processes"] = len(dead)
     return r
 
 
-def _json_comm(jc: dict[str, Any], r: dict[str, Any], procs: set[tuple[str, int]],
+def _json_comm(jc: rasshape.Comm, r: dict[str, Any], procs: set[tuple[str, int]],
                dead: set[tuple[str, int]]) -> dict[str, Any]:
-    size = _jint(jc.get("size"))
-    c = _new_comm(norm_hash(jc.get("hash")) or "", None, size)
+    size = jc.size
+    c = _new_comm(norm_hash(jc.hash) or "", None, size)
     counts: dict[str, dict[int, list[int]]] = {}
     states: dict[str, list[int]] = {}
-    ranks = jc.get("ranks") if isinstance(jc.get("ranks"), list) else []
-    for jr in ranks[:1 << 16]:
-        rank = _jint(jr.get("rank")) if isinstance(jr, dict) else None
-        if rank is None or (size and rank >= size):
+    for jr in _entries(jc.ranks, rasshape.Rank, r):
+        rank = jr.rank
+        if size and rank >= size:
             r["dropped"] += 1
             continue
-        host, pid = jr.get("host"), _jint(jr.get("pid"))
-        if isinstance(host, str) and pid is not None:
-            procs.add((host[:255], pid))
-        st = jr.get("status") if isinstance(jr.get("status"), dict) else {}
-        for key in ("init_state", "async_error"):
-            e = _jint(st.get(key))
+        if jr.host is not None and jr.pid is not None:
+            procs.add((jr.host[:255], jr.pid))
+        st = jr.status
+        for key, e in (("init_state", st.init_state), ("async_error", st.async_error)):
             if e not in (None, 0, IN_PROGRESS):
                 _add(c["error_ranks"], rank)
                 _add(c["errors"], f"{key} {e}")
-        state = ("ABORT" if st.get("abort_flag") is True else
-                 "FINALIZE" if st.get("finalize_called") is True or st.get("destroy_flag") is True else
-                 "RUNNING" if st.get("init_state") == 0 else "INIT")
+        state = ("ABORT" if st.abort_flag else "FINALIZE" if st.finalize_called or st.destroy_flag else
+                 "RUNNING" if st.init_state == 0 else "INIT")
         states.setdefault(state, []).append(rank)
-        cc = jr.get("collective_counts") if isinstance(jr.get("collective_counts"), dict) else {}
-        for op, n in list(cc.items())[:16]:
-            n = _jint(n)
-            if isinstance(op, str) and n is not None:
-                counts.setdefault(op[:32], {}).setdefault(n, []).append(rank)
-    missing = jc.get("missing_ranks") if isinstance(jc.get("missing_ranks"), list) else []
+        for op, n in list(jr.collective_counts.items())[:16]:
+            counts.setdefault(op[:32], {}).setdefault(n, []).append(rank)
     nocomm = 0
-    for jm in missing[:1 << 16]:
-        rank = _jint(jm.get("rank")) if isinstance(jm, dict) else None
-        if rank is None or (size and rank >= size):
+    for jm in _entries(jc.missing_ranks, rasshape.MissingRank, r):
+        rank = jm.rank
+        if size and rank >= size:
             r["dropped"] += 1
             continue
-        st = jm.get("status") if isinstance(jm.get("status"), dict) else {}
-        if st.get("considered_dead") is True:
+        if jm.status.considered_dead:
             _add(c["dead"], rank)
-            if isinstance(jm.get("host"), str) and _jint(jm.get("pid")) is not None:
-                dead.add((jm["host"][:255], jm["pid"]))
-        if st.get("unresponsive") is True or st.get("considered_dead") is True:
+            if jm.host is not None and jm.pid is not None:
+                dead.add((jm.host[:255], jm.pid))
+        if jm.status.unresponsive or jm.status.considered_dead:
             _add(c["missing"], rank)
             c["missing_count"] += 1
         else:

@@ -16,7 +16,7 @@ from ..bundle import Bundle
 from ..config import Config
 from ..model import Evidence, Symptom
 from ..probe.reader import READ_BUDGET_S, read_node
-from . import findings, store
+from . import findings, livespool
 from .nodeview import current
 from .slow import KIND, MAX_SLOW, SlowTracker, is_int, node_part
 
@@ -28,7 +28,7 @@ PM_MAX_RANKS = 1024  # past this the rings' entries are thinned below PM_MIN_SAM
 def symptom(f: dict[str, Any], path: str, source: str = "live") -> Symptom:
     """One slow finding as an untrusted context symptom."""
     ranks = [r for r in f.get("ranks") or () if is_int(r)][:64]
-    nodes = [n for n in f.get("nodes") or () if isinstance(n, str) and store.valid_node(n)][:64]
+    nodes = [n for n in f.get("nodes") or () if isinstance(n, str) and livespool.valid_node(n)][:64]
     line = findings.headline(f)
     return Symptom(id=SYMPTOM_ID, cause="none", role="context", priority=10, trusted=False,
                    node=nodes[0] if nodes else None, rank=ranks[0] if ranks else None,

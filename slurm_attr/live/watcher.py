@@ -19,7 +19,7 @@ from .. import safefs
 from ..config import Config
 from ..errors import UnsafePath
 from ..probe.comms import iso
-from . import classify, findings, slow, store
+from . import classify, findings, slow, livespool
 from .busy import LeaderBusy, NodeBusy
 from .detect import Tracker, combine
 from .frdetect import FrTracker, poll_period
@@ -40,13 +40,13 @@ class Watcher:
                  clock: Callable[[], float] = time.monotonic, step: str = "0",
                  end_ns: int | None = None, gpus: int | None = None,
                  show_job: Callable[[str], dict[str, str] | None] | None = None):
-        if not store.valid_node(node):
+        if not livespool.valid_node(node):
             raise ValueError(f"bad node name {node!r}")
-        if not store.valid_step(step):
+        if not livespool.valid_step(step):
             raise ValueError(f"bad step {step!r}")
         self.cfg, self.job, self.node, self.jobdir, self.step = cfg, job, node, jobdir, step
         self.leader, self.nnodes, self.gid, self.clock = leader, nnodes, gid, clock
-        self.live_dir = store.ensure_job_dir(cfg.paths.spool, job)
+        self.live_dir = livespool.ensure_job_dir(cfg.paths.spool, job)
         # snapshots from half the lowest threshold on: there for the leader's classification
         floor = min(cfg.live.hang_after_s, cfg.live.hang_floor_s)
         self.local = LocalStall(max(2 * cfg.live.interval_s, floor / 2))
@@ -114,7 +114,7 @@ class Watcher:
         elif self.snap_digest:
             self._drop_snapshots()  # the stall is over: a later one must not read these
         summary["step"] = self.step
-        store.write_json(self.live_dir, self.sum_dir, f"{self.node}.json", summary)
+        livespool.write_json(self.live_dir, self.sum_dir, f"{self.node}.json", summary)
         return summary
 
     def _snapshot(self, sizes: dict[str, int]) -> int:
@@ -133,7 +133,7 @@ class Watcher:
             with locked(self.node_dumps.state_dir):
                 if NodeBudget.read(self.live_dir, self.node, self.node_dumps.cap).used() + len(data) > self.node_dumps.cap:
                     continue
-                store.write_atomic(self.live_dir, rel, name, data)
+                livespool.write_atomic(self.live_dir, rel, name, data)
             self.snap_digest[name] = digest
             written += 1
         return written
@@ -151,7 +151,7 @@ class Watcher:
             if kind != "file" or not name.endswith(".json") or name.startswith("."):
                 continue
             try:
-                s = store.read_json(self.live_dir, f"{self.sum_dir}/{name}", store.SUMMARY_CAP)
+                s = livespool.read_json(self.live_dir, f"{self.sum_dir}/{name}", livespool.SUMMARY_CAP)
             except (UnsafePath, ValueError, OSError) as err:
                 problems.append(f"{name}: {err}")
                 continue
@@ -259,7 +259,7 @@ class Watcher:
             return None
         fresh_ns = time.time_ns() - int(STALE_CYCLES * self.cfg.live.interval_s * 1e9)
         for name, kind in steps:
-            if kind != "dir" or name == self.step or not store.valid_step(name):
+            if kind != "dir" or name == self.step or not livespool.valid_step(name):
                 continue
             try:  # the spool is root's: only watchers write there
                 st = os.lstat(os.path.join(self.live_dir, "summary", name, f"{self.node}.json"))
@@ -297,7 +297,7 @@ class Watcher:
 
     def note(self, text: str) -> None:
         try:
-            store.write_json(self.live_dir, self.sum_dir, f"{self.node}.err", {"node": self.node, "error": text[:500]})
+            livespool.write_json(self.live_dir, self.sum_dir, f"{self.node}.err", {"node": self.node, "error": text[:500]})
         except OSError:
             pass
 

@@ -5,6 +5,8 @@
 ``record``     EpilogSlurmctld: the job's facts from the hook's own environment into the intake;
                nothing else (no RPC, no user file read, no analysis)
 ``settle``     the job's final state from accounting (slurmctld's word while accounting is down)
+``catchup``    the jobs accounting saw end that the intake never got (a lost or torn hook record, a
+               hook that never ran), recorded after all with accounting's facts: one sacct a run
 ``finish``     analyse, store, drain, comment (``reconcile``: the fast path's drains into the store)
 
 and the two that drive them: ``pool`` (at most ``[analysis] workers`` workers drain the intake in

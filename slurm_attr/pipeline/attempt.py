@@ -111,9 +111,9 @@ def process(cfg: Config, key: str, slurm: Any = None, open_store: Callable[[Conf
             except OSError as err:
                 log.error("job %s: cannot record it as pending (%s)", key, err)
                 entry = {"job": facts}
-        facts = entry.get("job") or {}
-        if facts.get("facts_source") == "env" and not os.path.exists(os.path.join(bdir, "job.json")):
-            _controller_part(cfg, key, bdir, facts, logs)
+        facts = _entry_facts(cfg, key, bdir, entry.get("job") or {}, slurm, logs)
+        if facts is None:
+            return "pending"
         gathered, outcome = _offloaded(cfg, key, entry, bdir, facts, slurm, open_store)
         if outcome:
             return outcome
@@ -190,6 +190,40 @@ def _offloaded(cfg: Config, key: str, entry: dict[str, Any], bdir: str, facts: d
         log.warning("job %s: offload refused (%s); analysed here", key, err)
         return None, ""
     return None, "offloaded"
+
+
+def _entry_facts(cfg: Config, key: str, bdir: str, facts: dict[str, Any], slurm: Any,
+                 logs: Any) -> dict[str, Any] | None:
+    """The pending entry's facts, a torn record's asked of accounting (None: it did not answer),
+    and the bundle's controller part written from them when it has none yet."""
+    if facts.get("facts_source") == intake.TORN:
+        facts = _torn_facts(cfg, key, facts, slurm)  # type: ignore[assignment]
+        if facts is None:
+            return None
+    # From accounting (catchup.py, a torn record): a bundle only where the nodes wrote one.
+    source = facts.get("facts_source")
+    if (source == "env" or (source == "sacct" and os.path.isdir(bdir))) \
+            and not os.path.exists(os.path.join(bdir, "job.json")):
+        _controller_part(cfg, key, bdir, facts, logs)
+    return facts
+
+
+def _torn_facts(cfg: Config, key: str, facts: dict[str, Any], slurm: Any) -> dict[str, Any] | None:
+    """A torn hook record's facts (its key only) from accounting, kept in the entry; None when
+    accounting did not answer (the entry stays pending with the error and a backoff)."""
+    from ..errors import SlurmError
+    from .settle import facts_from_accounting
+
+    try:
+        facts = facts_from_accounting(slurm, facts)
+    except SlurmError as err:
+        intake.failed(cfg, key, f"hook record torn, accounting asked for its facts: {err}"[:500])
+        return None
+    try:
+        intake.record(cfg, key, facts)
+    except OSError as err:
+        log.warning("job %s: facts from accounting not kept in the intake (%s)", key, err)
+    return facts
 
 
 def _controller_part(cfg: Config, key: str, bdir: str, facts: dict[str, Any], logs: Any) -> None:

@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from .. import comment, spool
-from ..analysis import Gathered, conclude, run_bundle
+from ..bundleanalysis import Gathered, conclude, run_bundle
 from ..collect import controller
 from ..config import Config
 from ..errors import SattrError, SlurmError

@@ -28,7 +28,14 @@ log = logging.getLogger("slurm_attr")
 MAX_ENTRY_BYTES = 1 << 20  # a pending file is job facts and an error line: small
 # A job the C front (sattr-record) recorded and no worker has read yet: its hook environment.
 ENV_SUFFIX = ".env"
+# facts_source of a job whose front record was empty or torn (record.py): only its key is known,
+# its facts are asked of accounting before the analysis (attempt.py).
+TORN = "torn"
 BACKOFF_START_S = 5.0
+# Made by the catch-up from accounting (catchup.py), its time set by a hook that finds the
+# controller side off ([analysis] enabled = false; the C front does the same): the catch-up
+# leaves the jobs that ended before that time alone.
+OFF_STAMP = ".off"
 
 
 def _path(cfg: Config, key: str) -> str:
@@ -53,6 +60,32 @@ def _atomic_write(path: str, doc: dict[str, Any]) -> None:
     write_atomic(path, json.dumps(doc, indent=1, default=str).encode(), mode=0o600, durable=True)
 
 
+def stamp_off(cfg: Config, create: bool = False, when: float | None = None) -> None:
+    """The controller side is off now (see OFF_STAMP), or ``when``; a hook stamps only a file the
+    catch-up made (``create``). Best effort."""
+    path = os.path.join(cfg.intake.queue_dir, OFF_STAMP)
+    try:
+        if create:
+            os.makedirs(cfg.intake.queue_dir, mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | (os.O_CREAT if create else 0), 0o600)
+        try:
+            os.utime(fd, None if when is None else (when, when))
+        finally:
+            os.close(fd)
+    except FileNotFoundError:
+        pass
+    except OSError as err:
+        log.warning("cannot stamp %s: %s", path, err)
+
+
+def off_until(cfg: Config) -> float | None:
+    """When a hook last found the controller side off; None when none ever did."""
+    try:
+        return os.lstat(os.path.join(cfg.intake.queue_dir, OFF_STAMP)).st_mtime
+    except OSError:
+        return None
+
+
 def load(cfg: Config, key: str) -> dict[str, Any] | None:
     try:
         fd = os.open(_path(cfg, key), os.O_RDONLY | os.O_NOFOLLOW)
@@ -69,17 +102,22 @@ def load(cfg: Config, key: str) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
-def record(cfg: Config, key: str, job: dict[str, Any], note: str = "") -> dict[str, Any]:
+def record(cfg: Config, key: str, job: dict[str, Any], note: str = "", since: float | None = None,
+           first_try: float | None = None) -> dict[str, Any]:
     """Mark the job pending (keeping an earlier entry's ``since`` and attempts).
 
     A new entry's first try is its own analyser's (the hook starts one per job, which waits
     for the job's node parts): another process's sweep (``retry_due`` after its own job)
     takes it only once that analyser had its time, node wait and analysis limit. Swept at
     once, a job was analysed before its last node's part landed and stored `unknown`
-    moments before its own analysis stored the real verdict (seen on the 26.05 cluster)."""
+    moments before its own analysis stored the real verdict (seen on the 26.05 cluster).
+
+    ``since`` and ``first_try`` for a new entry with no analyser of its own waiting (the catch-up
+    from accounting, catchup.py: since the job's end, due at once)."""
     now = time.time()
-    first = now + cfg.analysis.node_wait_s + cfg.analysis.timeout_s
-    doc = load(cfg, key) or {"key": key, "since": now, "attempts": 0, "last_error": "", "next_try": first}
+    first = now + cfg.analysis.node_wait_s + cfg.analysis.timeout_s if first_try is None else first_try
+    doc = load(cfg, key) or {"key": key, "since": now if since is None else since, "attempts": 0, "last_error": "",
+                             "next_try": first}
     doc["job"] = job
     doc["job_id"] = str(job.get("job_id") or key.split(".r")[0])
     if note:

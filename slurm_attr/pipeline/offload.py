@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Any
 
-from ..analysis import Gathered, gather
+from ..bundleanalysis import Gathered, gather
 from ..atomicfile import write_atomic
 from ..config import Config
 from ..errors import SlurmError

@@ -24,7 +24,7 @@ from collections import Counter
 from typing import Any
 
 from .. import spool
-from . import intake, offload, record
+from . import catchup, intake, offload, record
 from ..config import Config
 from ..waiting import wait_until
 
@@ -216,6 +216,8 @@ def work(cfg: Config, fd: int, slurm: Any = None, open_store: Any = None) -> Cou
         if waiting:
             time.sleep(POLL_S)
             continue
+        if catchup.maybe_run(cfg, batched.backend):
+            continue  # jobs accounting has and the intake had not (catchup.py): drained with this slot
         os.close(fd)  # nothing left: the slot goes back, then one more look (see the module doc)
         record.ingest(cfg)
         if not any(_ready(cfg, d, time.time()) is not False for d in intake.entries(cfg)):

@@ -3,12 +3,16 @@
 The hook runs inside slurmctld's script runner once per job; at a burst (an array cancelled, a
 reservation ending) thousands run within a minute. So it asks slurmctld nothing (every fact it
 records is in its own environment: collect.jobstate.facts_from_env), reads no user file and
-analyses nothing: one small fsynced file in the intake and, at most, one process started.
+analyses nothing: one small file in the intake and, at most, one process started. The native
+front (spank/tools/sattr_record.c) fsyncs it only with ``[intake] hook_fsync``: without, a crash
+may lose or tear it, and the catch-up from accounting (catchup.py) or the torn-record path below
+(``checked_body``, ``record_torn``) stands in.
 """
 from __future__ import annotations
 
 import logging
 import os
+import zlib
 from typing import Any
 
 from .. import spool
@@ -45,6 +49,7 @@ def record_facts(cfg: Any, env: dict[str, str]) -> str:
         log.error("controller epilog: bad SLURM_JOB_ID %r", job_id)
         return ""
     if not cfg.analysis.enabled:
+        intake.stamp_off(cfg)
         return ""
     key = _key(env)
     intake.record(cfg, key, _facts(env))
@@ -75,9 +80,51 @@ def parse_env_record(data: bytes) -> dict[str, str]:
     return out
 
 
+TRAILER = b"SATTR_RECORD_END="
+
+
+def checked_body(data: bytes) -> bytes | None:
+    """The record's variables when its trailer checks (``SATTR_RECORD_END=<bytes>,<crc32 hex>``,
+    the last NUL-terminated item: sattr_record.c); None for an empty, torn or cut record. Without
+    ``[intake] hook_fsync`` the front does not fsync, and a crash can leave any of those."""
+    if not data.endswith(b"\0"):
+        return None
+    at = data.rfind(TRAILER, 0, len(data) - 1)
+    if at < 0 or (at and data[at - 1] != 0):
+        return None
+    size, _, crc = data[at + len(TRAILER):-1].partition(b",")
+    body = data[:at]
+    if not size.isdigit() or int(size) != at or len(crc) != 8:
+        return None
+    try:
+        return body if int(crc, 16) == zlib.crc32(body) else None
+    except ValueError:
+        return None
+
+
+def record_torn(cfg: Any, key: str) -> str:
+    """A front record that does not check: the job is known by its file name only, and its facts
+    are asked of accounting before the analysis (attempt.py). An entry already there (the catch-up
+    or the Python hook wrote one) keeps its facts. Returns the key, "" when it names no job."""
+    if not intake.valid_key(key):
+        log.error("%s%s in the intake names no job: dropped", key, intake.ENV_SUFFIX)
+        return ""
+    if not cfg.analysis.enabled or intake.load(cfg, key) is not None:
+        return key
+    raw, _, restart = key.partition(".r")
+    job: dict[str, Any] = {"job_id": raw, "slurm_job_id": raw, "facts_source": intake.TORN}
+    if restart:
+        job["restart_count"] = int(restart)
+    log.warning("job %s: its hook record is empty or torn (a crash before it reached the disk?); "
+                "its facts will be asked of accounting", key)
+    intake.record(cfg, key, job, note="hook record empty or torn: facts from accounting")
+    return key
+
+
 def ingest(cfg: Any) -> int:
     """The C front's records (spank/tools/sattr_record.c: ``<key>.env``) into the intake's pending
-    records; returns how many. One that cannot be recorded now stays for the next look."""
+    records; returns how many. One that cannot be recorded now stays for the next look; one whose
+    trailer does not check is recorded by its name (record_torn)."""
     qdir = cfg.intake.queue_dir
     try:
         names = sorted(n for n in os.listdir(qdir) if n.endswith(intake.ENV_SUFFIX) and not n.startswith("."))
@@ -92,7 +139,11 @@ def ingest(cfg: Any) -> int:
                 data = os.read(fd, intake.MAX_ENTRY_BYTES + 1)
             finally:
                 os.close(fd)
-            record_facts(cfg, parse_env_record(data[:intake.MAX_ENTRY_BYTES]))
+            body = checked_body(data[:intake.MAX_ENTRY_BYTES])
+            if body is None:
+                record_torn(cfg, name[:-len(intake.ENV_SUFFIX)])
+            else:
+                record_facts(cfg, parse_env_record(body))
             os.unlink(path)
             done += 1
         except OSError as err:

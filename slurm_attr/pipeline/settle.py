@@ -10,11 +10,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pwd
+import re
 import time
 from typing import Any
 
 from ..collect import jobstate
 from ..errors import SattrError, SlurmError
+from ..slurm.hostlist import expand
 from ..slurm.base import SlurmAccess
 from ..waiting import wait_until
 
@@ -86,3 +89,53 @@ def settle_state(slurm: SlurmAccess, job: dict[str, Any], deadline: float) -> tu
     if err is not None:
         return job, str(err)[:300]
     return (job, "") if got.ok else (_from_slurmctld(slurm, job, raw), "")
+
+
+_TASK_ID = re.compile(r"\d{1,12}_\d{1,9}")
+
+
+def _uid(row: dict[str, str]) -> int | None:
+    uid = row.get("UID") or ""
+    if uid.isdigit():
+        return int(uid)
+    try:  # the batch rows (SACCT_FIELDS) name the user only
+        return pwd.getpwnam(row.get("User") or "").pw_uid
+    except (KeyError, ValueError):
+        return None
+
+
+def facts_from_row(row: dict[str, str]) -> dict[str, Any]:
+    """A job's facts from its accounting row alone, in the shape the hook records them
+    (collect.jobstate.facts_from_env): for a job the hook never recorded (catchup.py) or whose
+    record was torn. No output paths: sacct (22.05) has none, and a guessed one could name
+    another file; ``facts_source`` is "sacct"."""
+    raw, shown = row.get("JobIDRaw") or "", row.get("JobID") or ""
+    nodes = row.get("NodeList") or ""
+    facts: dict[str, Any] = {
+        "job_id": shown if _TASK_ID.fullmatch(shown) else raw,
+        "slurm_job_id": raw,
+        "user": row.get("User") or None,
+        "uid": _uid(row),
+        "account": row.get("Account") or None,
+        "partition": row.get("Partition") or None,
+        "nodes": [] if nodes in ("", "None assigned") else expand(nodes),
+        "start_time": jobstate.epoch_iso(row.get("Start")),
+        "end_time": jobstate.epoch_iso(row.get("End")),
+        "time_limit": row.get("Timelimit") or None,
+        "facts_source": "sacct",
+    }
+    return jobstate.refresh_state({k: v for k, v in facts.items() if v is not None}, row)
+
+
+def facts_from_accounting(slurm: SlurmAccess, facts: dict[str, Any]) -> dict[str, Any]:
+    """A torn record's facts (its key only) completed from accounting's row: the batch's
+    (one sacct per batch, slurm.batched) or a call of its own. Accounting without the job keeps
+    the key's facts (the analysis says what is missing); SlurmError when accounting is down."""
+    raw = str(facts.get("slurm_job_id") or facts.get("job_id") or "")
+    row = slurm.sacct_job(raw)
+    if not row:
+        return facts
+    got = facts_from_row(row)
+    if facts.get("restart_count") is not None:
+        got["restart_count"] = facts["restart_count"]
+    return got

@@ -36,7 +36,7 @@ NO_PROBE_DIR = "no probe files (probe off, or NCCL without profiler support)"
 
 # Most bundles hold no probe record: `sattr analyze` then needs none of the reader's or the
 # rules' modules (a few ms of a one-log analysis). Submodules load on first use.
-_SUBMODULES = {"analysis", "comms", "layout", "linkstall", "mismatch", "nonentry", "reader", "record", "synth"}
+_SUBMODULES = {"entry", "comms", "layout", "linkstall", "mismatch", "nonentry", "reader", "record", "synth"}
 
 
 def __getattr__(name: str) -> Any:
@@ -61,12 +61,12 @@ def no_probe_dirs(bundle: Bundle, nodes: list[str]) -> bool:
 
 def analyze(bundle: Bundle, cfg: Config) -> tuple[list[Symptom], list[Coverage]]:
     """Symptoms from the bundle's probe records, and coverage of what could be read
-    (analysis.analyze; answered here, without it, when no node has a probe directory)."""
+    (entry.analyze; answered here, without it, when no node has a probe directory)."""
     nodes = bundle.nodes()
     if not nodes:
         return [], [Coverage(source="probe", status="missing", detail=NO_NODES)]
     if no_probe_dirs(bundle, nodes):
         return [], [Coverage(source="probe", node=n, status="missing", detail=NO_PROBE_DIR) for n in nodes]
-    from .analysis import analyze as full
+    from .entry import analyze as full
 
     return full(bundle, cfg)

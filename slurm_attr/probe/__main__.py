@@ -15,7 +15,7 @@ from ..bundle import Bundle
 from ..config import Config
 from ..errors import SattrError
 from . import layout as L
-from .analysis import analyze
+from .entry import analyze
 from .record import ProbeFormatError, RankRecord, parse, ring
 
 CAP = L.FILE_SIZE + 1

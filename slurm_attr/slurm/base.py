@@ -23,6 +23,10 @@ class SlurmAccess(Protocol):
         """sacct_job for many jobs in few calls: {asked id: row}, ids accounting lacks left out
         (optional: callers fall back to sacct_job)."""
 
+    def ended_jobs(self, start: float, end: float) -> list[dict[str, str]]:
+        """Jobs that ended between two epoch times, in one call: sacct rows (cli.ENDED_FIELDS),
+        steps left out (optional: without it there is no catch-up from accounting)."""
+
     def job_comment(self, job_id: str, field: str) -> str | None:
         """Current Comment/AdminComment in accounting; None when the job is not there yet."""
 

@@ -33,14 +33,27 @@ _UNAVAILABLE = (
 # sacct fields we read for one job.
 SACCT_FIELDS = ("JobID", "JobIDRaw", "User", "Partition", "NodeList", "State", "ExitCode",
                 "DerivedExitCode", "Start", "End", "Elapsed", "Timelimit", "AllocTRES")
+# ... and for the jobs that ended in a window (the catch-up, pipeline/catchup.py): the hook's facts
+# accounting has too. No job-chosen text (a name could hold the delimiter).
+ENDED_FIELDS = SACCT_FIELDS + ("UID", "Account")
+# Slurm's final states as sacct -s takes them (base.FINAL_STATES): for these, sacct selects the jobs
+# whose end falls inside -S/-E.
+ENDED_STATES = "BF,CA,CD,DL,F,NF,OOM,PR,TO"
 
 
-def _sacct_rows(text: str) -> Iterator[dict[str, str]]:
-    """``sacct -n -P -o SACCT_FIELDS`` output as rows (lines of another shape skipped)."""
+def _sacct_rows(text: str, fields: tuple[str, ...] = SACCT_FIELDS) -> Iterator[dict[str, str]]:
+    """``sacct -n -P -o FIELDS`` output as rows (lines of another shape skipped)."""
     for ln in text.splitlines():
         parts = ln.split("|")
-        if len(parts) == len(SACCT_FIELDS):
-            yield dict(zip(SACCT_FIELDS, parts))
+        if len(parts) == len(fields):
+            yield dict(zip(fields, parts))
+
+
+def slurm_time(epoch: float) -> str:
+    """sacct's -S/-E: local ``YYYY-MM-DDTHH:MM:SS``."""
+    import time
+
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(int(epoch)))
 
 
 def parse_oneliner(line: str) -> dict[str, str]:
@@ -175,6 +188,13 @@ class CliSlurm:
                     if k in chunk and k not in out:
                         out[k] = row
         return out
+
+    def ended_jobs(self, start: float, end: float) -> list[dict[str, str]]:
+        """Every user's jobs (allocations, no steps) that ended between ``start`` and ``end``
+        (epoch seconds), in one sacct: rows of ENDED_FIELDS."""
+        text = self.run("sacct", "-a", "-X", "-n", "-P", "-S", slurm_time(start), "-E", slurm_time(end),
+                        "-s", ENDED_STATES, "-o", ",".join(ENDED_FIELDS))
+        return list(_sacct_rows(text, ENDED_FIELDS))
 
     def alloc_tres(self, raw_ids: list[str]) -> dict[str, str]:
         """{JobIDRaw: AllocTRES} for finished jobs (the pyslurm backend's rows lack it: its

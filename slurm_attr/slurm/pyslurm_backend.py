@@ -264,6 +264,10 @@ class PyslurmSlurm:
             return self._with_tres(out)
         return self._call("db.Jobs.load", get, lambda: self.cli.sacct_jobs(job_ids), bounded=True)
 
+    def ended_jobs(self, start: float, end: float) -> list[dict[str, str]]:
+        # Once a minute at most, and the window's filter is sacct's own: the CLI's one path.
+        return self.cli.ended_jobs(start, end)
+
     def _with_tres(self, rows: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
         """AllocTRES for the rows from accounting's CLI, one sacct per 200 jobs: pyslurm's
         db.Job holds it as TRES ids only. Asked only for finished jobs (what the GPU-hours

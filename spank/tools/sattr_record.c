@@ -4,10 +4,17 @@
  * slurmctld runs EpilogSlurmctld once per ended job; at a burst (an array cancelled, a
  * reservation ending) thousands run within a minute beside slurmctld. This program only
  * records: it writes the hook's own environment (the SLURM_* and SPANK_SATTR_* variables,
- * bounded) to <[intake] queue_dir>/<key>.env, fsynced and renamed into place, then starts an
- * analysis worker (python -m slurm_attr.hooks work) holding a free slot lock, if there is one,
- * and exits 0. It asks Slurm nothing and reads no user file. The worker turns each .env file
- * into the intake's pending record (pipeline/record.py).
+ * bounded) to <[intake] queue_dir>/<key>.env, renamed into place, then starts an analysis
+ * worker (python -m slurm_attr.hooks work) holding a free slot lock, if there is one, and exits
+ * 0. It asks Slurm nothing and reads no user file. The worker turns each .env file into the
+ * intake's pending record (pipeline/record.py).
+ *
+ * Not fsynced unless [intake] hook_fsync = true: the two fsyncs were most of this hook's time
+ * under load, and the job's end is durable in Slurm's accounting already, which the catch-up
+ * (pipeline/catchup.py, run by `sattr retry` and the workers) reads back for any job a crash
+ * left without a record. A crash can leave an empty or torn record instead: the record ends in
+ * a trailer (SATTR_RECORD_END=<bytes before it>,<their CRC-32>) and the worker takes a
+ * record whose trailer does not check as "ask accounting" (record.py).
  *
  * Whatever it cannot handle itself (a config it cannot read, an odd job id, an unwritable
  * queue) it hands to the Python hook, which handles everything: exec python -m
@@ -18,6 +25,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +44,7 @@ extern char **environ;
 struct cfg {
     int enabled;
     int workers;
+    int hook_fsync;
     char queue_dir[4096];
 };
 
@@ -91,13 +100,14 @@ static int toml_string(char *v, char *out, size_t cap)
     return *rest == '\0' || *rest == '#';
 }
 
-/* The three settings this front needs; -1 when the file holds them in a form it does not read. */
+/* The four settings this front needs; -1 when the file holds them in a form it does not read. */
 static int read_config(struct cfg *c)
 {
     const char *path = getenv("SLURM_ATTR_CONFIG");
     if (!path || !*path) path = "/etc/slurm/slurm_attr.toml";
     c->enabled = 1;
     c->workers = 2;
+    c->hook_fsync = 0;
     snprintf(c->queue_dir, sizeof c->queue_dir, "/var/lib/slurm_attr/pending");
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return errno == ENOENT ? 0 : -1; /* no file: all defaults, as config.load */
@@ -134,6 +144,10 @@ static int read_config(struct cfg *c)
             long n = strtol(val, &end, 10);
             if (end == val || n < 0 || n > 64) { rc = -1; break; }
             c->workers = (int)n;
+        } else if (!strcmp(section, "intake") && !strcmp(key, "hook_fsync")) {
+            if (!strncmp(val, "true", 4)) c->hook_fsync = 1;
+            else if (!strncmp(val, "false", 5)) c->hook_fsync = 0;
+            else { rc = -1; break; }
         } else if (!strcmp(section, "intake") && !strcmp(key, "queue_dir")) {
             if (!toml_string(val, c->queue_dir, sizeof c->queue_dir)) { rc = -1; break; }
         }
@@ -153,7 +167,20 @@ static int write_all(int fd, const char *p, size_t n)
     return 0;
 }
 
-/* <queue>/<key>.env: the hook's SLURM_* and SPANK_SATTR_* variables, NUL-separated, durable. */
+/* CRC-32 (zlib's: reflected 0xEDB88320), chainable as zlib.crc32(data, crc): the trailer's check
+ * that every byte before it reached the disk. Bitwise: a record is a few KiB. */
+static uint32_t crc32_update(uint32_t crc, const char *p, size_t n)
+{
+    crc = ~crc;
+    for (size_t i = 0; i < n; i++) {
+        crc ^= (unsigned char)p[i];
+        for (int k = 0; k < 8; k++) crc = (crc >> 1) ^ (0xEDB88320u & (0u - (crc & 1u)));
+    }
+    return ~crc;
+}
+
+/* <queue>/<key>.env: the hook's SLURM_* and SPANK_SATTR_* variables, NUL-separated, then the
+ * trailer; durable only with hook_fsync (see the top). */
 static int write_record(const struct cfg *c, const char *key)
 {
     char tmp[4300], path[4300];
@@ -164,21 +191,30 @@ static int write_record(const struct cfg *c, const char *key)
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0) return -1;
     size_t total = 0;
+    uint32_t sum = 0;
     int rc = 0;
     for (char **e = environ; *e && rc == 0; e++) {
         if (strncmp(*e, "SLURM_", 6) && strncmp(*e, "SPANK_SATTR_", 12)) continue;
         if (!strncmp(*e, "SLURM_ATTR_", 11)) continue; /* our own settings, not the job's facts */
         size_t n = strlen(*e) + 1;
-        if (n > MAX_VAR || total + n > MAX_RECORD) continue; /* bounded: a long variable is left out */
+        if (n > MAX_VAR || total + n > MAX_RECORD - 64) continue; /* bounded: a long variable is left out */
         rc = write_all(fd, *e, n);
+        sum = crc32_update(sum, *e, n);
         total += n;
     }
-    if (rc == 0) rc = fsync(fd);
+    if (rc == 0) {
+        char end[64];
+        int n = snprintf(end, sizeof end, "SATTR_RECORD_END=%zu,%08x", total, (unsigned)sum);
+        rc = write_all(fd, end, (size_t)n + 1); /* with its NUL, as every variable */
+    }
+    if (rc == 0 && c->hook_fsync) rc = fsync(fd);
     if (close(fd) < 0) rc = -1;
     if (rc == 0) rc = rename(tmp, path);
     if (rc != 0) { unlink(tmp); return -1; }
-    int dfd = open(c->queue_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) { fsync(dfd); close(dfd); } /* the rename survives a crash once the dir is synced */
+    if (c->hook_fsync) {
+        int dfd = open(c->queue_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd >= 0) { fsync(dfd); close(dfd); } /* the rename survives a crash once the dir is synced */
+    }
     return 0;
 }
 
@@ -228,13 +264,32 @@ static void start_worker(const struct cfg *c)
     }
 }
 
+/*
+ * The controller side is off ([analysis] enabled = false): <queue>/.off's time says until when, so
+ * that the catch-up from accounting (pipeline/catchup.py) leaves the jobs that ended meanwhile
+ * alone once it is on again. One open and a time stamp, no fsync, and only where the catch-up
+ * made the file (without a catch-up it means nothing). Best effort.
+ */
+static void stamp_off(const struct cfg *c)
+{
+    char path[4300];
+    if (snprintf(path, sizeof path, "%s/.off", c->queue_dir) >= (int)sizeof path) return;
+    int fd = open(path, O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return;
+    futimens(fd, NULL);
+    close(fd);
+}
+
 int main(void)
 {
     const char *job = getenv("SLURM_JOB_ID");
     if (!job || !valid_job_id(job)) return fallback("odd SLURM_JOB_ID");
     struct cfg c;
     if (read_config(&c) < 0) return fallback("config not read here");
-    if (!c.enabled) return 0;
+    if (!c.enabled) {
+        stamp_off(&c);
+        return 0;
+    }
     const char *restart = getenv("SLURM_JOB_RESTART_COUNT");
     long n = restart ? strtol(restart, NULL, 10) : 0;
     char key[64];

@@ -99,6 +99,7 @@ def test_gpu_failed_while_idle_drains_before_the_job_which_runs_elsewhere(cluste
     assert attempts[0] == ("REQUEUED", node) and attempts[-1][1] not in ("", node), attempts
     assert cluster.node_state(node)[1] == reason  # still ours, as the gate set it
     assert not any(cluster.ours(n) for n in NODES if n != node)
+    assert _gate_decisions(cluster, job) == [(node, True, None)]
 
 
 def test_xid_an_epilog_already_attributed_does_not_drain_the_next_job(cluster, kernel_lines):
@@ -127,6 +128,28 @@ def test_xid_an_epilog_already_attributed_does_not_drain_the_next_job(cluster, k
     assert runs.get(node, (0, "?"))[1] == "0", runs
     assert not cluster.ours(node), cluster.node_state(node)
     assert _ledger_owner(cluster, node, f"pid={pid},") == first
+
+
+def _gate_decisions(cluster, job: str) -> list[tuple[str, bool, str | None]]:
+    """(node, applied, blocked_by) of the gate's decisions for job in `sattr drains`, after the
+    timer's `sattr retry` took the nodes' records from the spool into the store."""
+    cluster.sattr("retry", check=True)
+    rows = json.loads(cluster.sattr("drains", "--since", "1h", "--json", check=True).stdout)["decisions"]
+    return [(r["node"], r["applied"], r["blocked_by"]) for r in rows if r["path"] == "gate" and r["job_id"] == job]
+
+
+def test_a_held_back_gate_decision_reaches_the_store(cluster, kernel_lines):
+    """Dry-run: the gate drains nothing and the job runs where it landed, but the drain it held
+    back is in `sattr drains` (the node's record through the spool), not only in that node's
+    syslog. Near miss beside it: the deliberate drain of the first test is recorded as applied."""
+    node = _next_node(cluster)
+    kernel_lines.add(node, FATAL)
+    with cluster.settings(drain=dict(dry_run=True)):
+        job = cluster.sbatch("#!/bin/bash\n#SBATCH -N1\ntrue\n", user="sattrtest")
+        assert cluster.wait_state(job) == "COMPLETED"
+        decisions = _gate_decisions(cluster, job)
+    assert decisions == [(node, False, "dry-run")], decisions
+    assert [a[1] for a in _attempts(cluster, job)] == [node] and not cluster.ours(node)
 
 
 def test_non_fatal_xid_while_idle_does_not_drain(cluster, kernel_lines):

@@ -78,11 +78,11 @@ def _marker(cluster, gate) -> Path:
     return Path(cluster.workdir(USER)) / f"{gate.path.name}.started"
 
 
-def _script(cluster, gates: list, nodes: int, second_ok: bool) -> str:
+def _script(cluster, gates: list, nodes: int, second_ok: bool, requeue: str = "--requeue") -> str:
     first = f"touch {_marker(cluster, gates[0])}\n{gates[0].wait}\nsleep 0.5\nexit 1"
     later = "echo \"attempt $((SLURM_RESTART_COUNT + 1)) on $SLURM_JOB_NODELIST\"\nsleep 1\nexit 0" if second_ok \
         else f"touch {_marker(cluster, gates[1])}\n{gates[1].wait}\nsleep 0.5\nexit 1"
-    return (f"#!/bin/bash\n#SBATCH -N{nodes} --exclusive --requeue\n"
+    return (f"#!/bin/bash\n#SBATCH -N{nodes} --exclusive {requeue}\n"
             f"if [ \"${{SLURM_RESTART_COUNT:-0}}\" = 0 ]; then\n{first}\nelse\n{later}\nfi\n")
 
 
@@ -217,3 +217,70 @@ def test_the_cap_holds_when_the_second_run_breaks_too(cluster, kernel_lines):
     rec = _job_rec(cluster, job)
     assert rec.get("Restarts") == "1" and rec.get("JobState") == "FAILED", rec
     assert [(r["attempt"], r["ok"]) for r in _requeues(cluster, job)] == [(1, 1), (2, 0)]
+
+
+def _release(cluster) -> tuple[int, ...]:
+    version = cluster.run(["scontrol", "--version"]).stdout.split()[-1]
+    return tuple(int(x) for x in version.split(".")[:2])
+
+
+EXPEDITE = "--requeue=expedite"
+
+
+def test_expedited_requeue_job_is_released_around_the_drained_node(cluster, kernel_lines):
+    """25.11's expedited requeue: slurmctld requeues a failed ``--requeue=expedite`` job itself and,
+    since every epilog passed (ours exits 0 after its drain), holds it in REQUEUE_HOLD with
+    ExpeditedRequeue=Yes. On a hardware verdict slurm-attr releases it (that is the requeue), and
+    it runs again around the drained node."""
+    if _release(cluster) < (25, 11):
+        pytest.skip("--requeue=expedite is Slurm 25.11's (this cluster runs %s)" % ".".join(map(str, _release(cluster))))
+    gate = cluster.gate()
+    with cluster.settings(**SETTINGS):
+        job = cluster.sbatch(_script(cluster, [gate], nodes=2, second_ok=True, requeue=EXPEDITE), user=USER)
+        try:
+            cluster.wait_running(job)
+            bad, ended = _break_running(cluster, kernel_lines, job, gate, restarts=0)
+            _wait_collected(cluster, job, bad)
+            kernel_lines.remove(bad)
+            v1 = _attempt_verdict(cluster, job, 1)
+            rec, running = _wait_rerun(cluster, job, restarts=1)
+            print(f"\nrequeue: job {job} attempt 1 ended -> attempt 2 RUNNING on {rec.get('NodeList')} after "
+                  f"{running - ended:.1f} s (expedited requeue released by slurm-attr; {bad} drained and excluded)")
+            final = cluster.wait_state(job, timeout=180)
+        except BaseException:
+            cluster.run(["scancel", job], check=False)
+            raise
+    from slurm_attr.slurm.hostlist import expand
+
+    assert v1["cause"] == "gpu_hardware" and v1["culprit"]["nodes"] == [bad], v1["summary"]
+    assert v1["requeue"]["requeued"] is True and v1["requeue"]["excluded"] == [bad], v1["requeue"]
+    assert rec.get("ExpeditedRequeue") == "Yes", rec
+    assert bad not in expand(rec["NodeList"]) and bad in expand(rec["ExcNodeList"]), rec
+    assert final == "COMPLETED"
+    [row] = _requeues(cluster, job)
+    assert row["ok"] == 1 and row["attempt"] == 1 and row["expedite"] == 1 and row["excluded"] == bad, row
+    assert "(expedited)" in cluster.sattr(job).stdout
+
+
+def test_expedited_requeue_job_that_failed_on_its_own_stays_held(cluster, kernel_lines):
+    """Near miss of the above: the same kind of job failing on the user's own error is held by
+    slurmctld exactly the same way; slurm-attr leaves it held (no hardware cause, no release)."""
+    if _release(cluster) < (25, 11):
+        pytest.skip("--requeue=expedite is Slurm 25.11's")
+    script = f"""#!/bin/bash
+#SBATCH -N1 {EXPEDITE}
+echo "Epoch: [3]  [ 200/1251]  lr: 0.000100  loss: 4.1234 (4.2011)"
+echo "Loss is nan, stopping training"
+exit 1
+"""
+    with cluster.settings(**SETTINGS):
+        job = cluster.sbatch(script, user=USER)
+        try:
+            v = _attempt_verdict(cluster, job, 1, timeout=180)
+            rec = _job_rec(cluster, job)
+        finally:
+            cluster.run(["scancel", job], check=False)
+    assert v["domain"] == "user", v["summary"]
+    assert v["requeue"]["requeued"] is False and "not in [actions] requeue_on" in v["requeue"]["why"], v["requeue"]
+    assert rec.get("JobState") == "REQUEUE_HOLD" and rec.get("ExpeditedRequeue") == "Yes", rec
+    assert [(r["ok"], r["expedite"]) for r in _requeues(cluster, job)] == [(0, 0)]

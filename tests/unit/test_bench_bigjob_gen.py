@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from slurm_attr import drain
-from slurm_attr.analysis import run_bundle
+from slurm_attr.bundleanalysis import run_bundle
 from slurm_attr.bundle import Bundle
 from slurm_attr.config import Config
 

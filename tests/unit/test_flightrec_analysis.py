@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from slurm_attr import flightrec
-from slurm_attr.flightrec.analysis import analyse
+from slurm_attr.flightrec.blame import analyse
 from slurm_attr.flightrec.loader import load_dumps
 from slurm_attr.flightrec.symptoms import first_difference, ranges
 

@@ -146,3 +146,25 @@ def test_rank_lists_alternating_between_groups_parse_to_their_own_members() -> N
         assert trace.parse_ranks(same_len) == (8, 9, 10, 11, 12, 13, 14, 16)
         assert trace.parse_ranks("[1, 2, x]") is None  # never a cached neighbour's value
     assert len(trace._RECENT) <= trace._RECENT_MAX
+
+
+def test_the_entries_key_search_finds_what_bytes_find_finds() -> None:
+    """safepickle._find_key jumps between the key's length bytes; it must answer exactly as
+    ``bytes.find`` does: the first key at or after ``start``, from any start, among many
+    look-alikes (the length byte alone, a key cut short, more length bytes than it probes)."""
+    import random
+
+    key = safepickle._ENTRIES_KEY
+    pieces = [b"\x07", b"X", b"\x00", b"entries", key, key[:5], key[:-1], b"1, 2, 3", b"X\x07\x00\x00\x00"]
+    rng = random.Random(23)
+    found = 0
+    for _ in range(3000):
+        head = b"".join(rng.choice(pieces) for _ in range(rng.randint(0, 120)))
+        start = rng.randint(0, len(head) + 2)
+        assert safepickle._find_key(head, start) == head.find(key, start)
+        found += head.find(key, start) >= 0
+    assert 300 < found < 2700  # both outcomes were tried
+    many = b"\x07" * (4 * safepickle._KEY_PROBES) + b"[0, 1]" + key + b"\x07" + key
+    assert safepickle._find_key(many, 0) == many.find(key) == 4 * safepickle._KEY_PROBES + 6
+    assert safepickle._find_key(many, many.find(key) + 1) == many.rfind(key)  # near miss: past the first key
+    assert safepickle._find_key(key[:-1] * 100, 0) == -1

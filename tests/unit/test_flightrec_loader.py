@@ -93,6 +93,9 @@ def test_parallel_load_equals_serial(gen_fr, tmp_path: Path, monkeypatch) -> Non
         assert par.traces[r].streams.keys() == ser.traces[r].streams.keys()
         for k, st in par.traces[r].streams.items():
             assert st.sigs == ser.traces[r].streams[k].sigs
+    # every field, as the workers sent them (wire.py) and as read here
+    assert par.traces == ser.traces
+    assert par.traces[9] != par.traces[8]  # near miss: the comparison sees a difference
 
 
 def test_file_over_the_cap(gen_fr, tmp_path: Path) -> None:
@@ -130,3 +133,57 @@ def test_full_history_is_not_cut_by_the_analysis_budget(gen_fr, tmp_path: Path, 
     full = flightrec.inspect(str(tmp_path), tail_entries=None, workers=1, budget=False)
     assert sorted(full.dumps.traces) == list(range(16))
     assert [s.rank for s in full.symptoms if s.role == "root"] == [2]
+
+
+def test_a_bundles_rank_map_is_read_while_the_workers_load(gen_fr, tmp_path: Path, monkeypatch) -> None:
+    """load_dumps reads the bundle's rank map (job.json or the collectors' collect.json) while
+    the pool loads the dumps: the same map with workers as without, and none for a plain dir."""
+    import json
+
+    from slurm_attr.flightrec import loader
+    world = 16
+    for r in range(world):
+        d = tmp_path / "b" / "nodes" / f"n{r // 8}" / "fr"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"nccl_trace_rank_{r}").write_bytes(gen_fr.TorchStylePickler().dump(gen_fr.rank_dump(r, world, 200, fault_rank=None)))
+    ranks = {str(r): f"n{r // 8}" for r in range(world)}
+    (tmp_path / "b" / "job.json").write_text(json.dumps({"job_id": "7", "nodes": ["n0", "n1"], "ranks": ranks}))
+    monkeypatch.setattr(loader, "PARALLEL_MIN_FILES", 4)
+    par = load_dumps(str(tmp_path / "b"), workers=2)
+    ser = load_dumps(str(tmp_path / "b"), workers=1)
+    want = {r: f"n{r // 8}" for r in range(world)}
+    assert par.job_ranks == ser.job_ranks == want and sorted(par.traces) == list(range(world))
+    assert par.node_of(9) == "n1" and par.traces == ser.traces
+    # near miss: the same dumps in a plain directory carry no rank map
+    flat = load_dumps(str(tmp_path / "b" / "nodes" / "n1" / "fr"), workers=2)
+    assert flat.job_ranks == {} and sorted(flat.traces) == list(range(8, 16)) and flat.node_of(9) is None
+    # ... and a bundle with no dump at all still reads it
+    (tmp_path / "e" / "nodes" / "n0").mkdir(parents=True)
+    (tmp_path / "e" / "job.json").write_text(json.dumps({"job_id": "8", "ranks": {"0": "n0"}}))
+    empty = load_dumps(str(tmp_path / "e"), workers=2)
+    assert empty.traces == {} and empty.job_ranks == {0: "n0"}
+
+
+def test_the_analysis_freezes_the_loaded_traces_only_for_itself(gen_fr, tmp_path: Path) -> None:
+    """inspect leaves the GC's frozen generation as it found it: empty after, and someone
+    else's frozen objects (rules/parallel.py freezes before forking) stay frozen."""
+    import gc
+
+    from slurm_attr.flightrec import loader
+    _write_set(gen_fr, tmp_path, world=4, fault_rank=None)
+    assert gc.get_freeze_count() == 0
+    seen = []
+    with loader.frozen_gc():
+        seen.append(gc.get_freeze_count())
+    assert seen[0] > 0 and gc.get_freeze_count() == 0
+    rep = flightrec.inspect(str(tmp_path))
+    assert gc.get_freeze_count() == 0 and sorted(rep.dumps.traces) == [0, 1, 2, 3]
+    gc.freeze()  # near miss: frozen by someone else before
+    try:
+        before = gc.get_freeze_count()
+        with loader.frozen_gc():
+            assert gc.get_freeze_count() == before
+        flightrec.inspect(str(tmp_path))
+        assert gc.get_freeze_count() == before
+    finally:
+        gc.unfreeze()

@@ -192,7 +192,7 @@ def test_report_on_a_bundle_includes_the_verdict(shared_fixtures: Path, tmp_path
 
 
 def test_verdict_failure_leaves_the_fr_report(monkeypatch, tmp_path: Path) -> None:
-    import slurm_attr.analysis as pipeline
+    import slurm_attr.bundleanalysis as pipeline
     from slurm_attr.cli import fr as fr_cli
     from slurm_attr.config import Config
 

@@ -16,7 +16,7 @@ from slurm_attr.config import Config
 from slurm_attr.flightrec.report import inspect
 
 BUNDLES = Path(__file__).resolve().parents[1] / "fixtures" / "bundles"
-HEAVY = ("slurm_attr.flightrec.loader", "slurm_attr.flightrec.analysis", "slurm_attr.flightrec.safepickle",
+HEAVY = ("slurm_attr.flightrec.loader", "slurm_attr.flightrec.blame", "slurm_attr.flightrec.safepickle",
          "slurm_attr.flightrec.report")
 
 

@@ -11,7 +11,7 @@ import json
 import shutil
 from pathlib import Path
 
-from slurm_attr.analysis import run_bundle
+from slurm_attr.bundleanalysis import run_bundle
 from slurm_attr.config import Config
 
 

@@ -48,7 +48,7 @@ def test_json_output_has_the_values_json_dumps_has(data):
 
 
 def test_json_output_of_a_real_verdict_is_a_record_per_line():
-    from slurm_attr.analysis import run_bundle
+    from slurm_attr.bundleanalysis import run_bundle
     from slurm_attr.config import Config
 
     data = run_bundle(str(FIXTURE), Config()).to_dict()

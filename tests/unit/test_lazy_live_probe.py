@@ -13,15 +13,15 @@ import sys
 import pytest
 
 import slurm_attr.live.evidence as live_full
-import slurm_attr.probe.analysis as probe_full
+import slurm_attr.probe.entry as probe_full
 from slurm_attr import live, probe
 from slurm_attr.bundle import Bundle
 from slurm_attr.config import Config
-from slurm_attr.live import findings, store
+from slurm_attr.live import findings, livespool
 from slurm_attr.probe.synth import SlotSpec, record_bytes, write_bundle
 
 HEAVY = ("slurm_attr.live.evidence", "slurm_attr.live.slow", "slurm_attr.live.slowevidence",
-         "slurm_attr.live.prekillevidence", "slurm_attr.probe.analysis", "slurm_attr.probe.reader",
+         "slurm_attr.live.prekillevidence", "slurm_attr.probe.entry", "slurm_attr.probe.reader",
          "slurm_attr.probe.record")
 JOB = "4242"
 
@@ -85,7 +85,7 @@ def spies(monkeypatch):
 def test_no_probe_no_live_imports_nothing_of_the_analyses(tmp_path):
     root = _plain(tmp_path)
     cfg = _cfg(tmp_path)
-    code = ("import sys, json; from slurm_attr.analysis import run_bundle; from slurm_attr.config import Config; "
+    code = ("import sys, json; from slurm_attr.bundleanalysis import run_bundle; from slurm_attr.config import Config; "
             f"cfg = Config(); cfg.paths.spool = {cfg.paths.spool!r}; v = run_bundle({str(root)!r}, cfg); "
             f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -160,7 +160,7 @@ def test_anything_in_the_probe_place_takes_the_full_path(tmp_path, spies, odd):
 @pytest.mark.parametrize("what", ["finding", "empty_dir"])
 def test_a_live_spool_dir_for_the_job_takes_the_full_path(tmp_path, spies, what):
     cfg = _cfg(tmp_path)
-    store.ensure_job_dir(cfg.paths.spool, JOB)
+    livespool.ensure_job_dir(cfg.paths.spool, JOB)
     if what == "finding":
         f = {"job": JOB, "detected": "2026-12-01T14:02:10+00:00", "class": "H1", "cause": "rank_stuck",
              "comm": "ab", "label": "world ab", "ranks": [3], "nodes": ["n1"], "waiting_ranks": [0, 1, 2],
@@ -186,7 +186,7 @@ def test_a_live_spool_dir_for_the_job_takes_the_full_path(tmp_path, spies, what)
 
 def test_lazy_names_resolve():
     assert probe.reader.SOURCE == "probe" and probe.layout is not None
-    assert live.store is store and live.slowevidence.postmortem is not None
+    assert live.livespool is livespool and live.slowevidence.postmortem is not None
     from slurm_attr.live import analyze as live_analyze
     from slurm_attr.probe import analyze as probe_analyze
     assert live_analyze is live.analyze and probe_analyze is probe.analyze

@@ -234,16 +234,16 @@ def test_older_dumps_go_first_then_the_largest_and_never_the_collections_own(tmp
 def test_a_collection_over_the_nodes_budget_keeps_what_fits_and_says_what_not(servers, tmp_path):
     from slurm_attr.config import Live
     from slurm_attr.live.prekill import NodeDumps, req_name
-    from slurm_attr.live import store
+    from slurm_attr.live import livespool
 
     big = json.dumps(dict(GOOD, pad="p" * (3 << 20))).encode()  # 3 MiB FR each
     for r in range(4):
         servers.add(r, big)
     d = servers.start()
     (tmp_path / "spool").mkdir()
-    live = store.ensure_job_dir(str(tmp_path / "spool"), "55")
+    live = livespool.ensure_job_dir(str(tmp_path / "spool"), "55")
     nd = NodeDumps(live, "55", "0", "n1", d, Live(node_cap_bytes=8 << 20), nnodes=1)
-    store.write_json(live, "", req_name("0"), {"job": "55", "step": "0", "seq": 1, "reason": "hang"})
+    livespool.write_json(live, "", req_name("0"), {"job": "55", "step": "0", "seq": 1, "reason": "hang"})
     res = nd.serve()
     kept = sorted(os.listdir(f"{live}/dumps/0/nodes/n1/fr"))
     assert len(kept) == 2, kept  # 2 x 3 MiB fit in 8 MiB; the stacks' 404s are not saved

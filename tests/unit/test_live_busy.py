@@ -8,7 +8,7 @@ import os
 import pytest
 
 from slurm_attr.config import Config
-from slurm_attr.live import busy, findings, procstat, threshold
+from slurm_attr.live import busy, findings, gpustat, procstat, threshold
 from slurm_attr.live.threshold import Gaps, learned
 from slurm_attr.live.watcher import Watcher
 from slurm_attr.probe.synth import SlotSpec, record_bytes
@@ -167,6 +167,26 @@ def test_a_rank_in_a_checkpoint_whose_counters_move_is_busy_not_hung(tmp_path):
     assert job.leader.tracker.threshold(COMM) == 5.0
 
 
+def test_a_checkpoint_judged_busy_does_not_raise_the_ceiling(tmp_path):
+    job = Job(tmp_path)
+    k = job.healthy(20)
+    job.stack[0] = CKPT
+    assert job.stall(k, away=0, ticks=33, moving=True) == (0, [])  # a 33 s checkpoint, deferred
+    k = job.healthy(20, k + 1)
+    assert job.leader.tracker.ceiling(COMM) == 60.0
+    ticks, found = job.stall(k, away=0, ticks=80, moving=True)  # the next one lasts: reported at 60 s
+    assert 60 <= ticks <= 62 and found[0]["busy"].startswith("rank 0: checkpoint at "), ticks
+
+
+def test_a_slow_collective_that_ended_still_raises_the_ceiling(tmp_path):
+    job = Job(tmp_path)
+    k = job.healthy(5)  # too few gaps to learn from: the threshold is the ceiling, 60 s
+    for _ in range(33):  # every rank inside one collective for 33 s (nobody idle: never deferred)
+        assert job.tick([k] * N) == []
+    job.healthy(3, k + 1)
+    assert job.leader.tracker.ceiling(COMM) == 4 * 32.0  # 32 s seen without progress, x ADAPT
+
+
 def test_the_same_stack_with_still_counters_is_a_hang(tmp_path):
     job = Job(tmp_path)
     k = job.healthy(20)
@@ -254,7 +274,7 @@ def test_counters_of_a_live_process_and_of_none():
 
 
 def test_a_node_reads_only_the_jobs_processes_and_answers_only_for_its_own_asked_ranks(tmp_path):
-    from slurm_attr.live import store
+    from slurm_attr.live import livespool
     from slurm_attr.live.dumps import Limits
 
     uid, asked = os.getuid(), []
@@ -269,7 +289,7 @@ def test_a_node_reads_only_the_jobs_processes_and_answers_only_for_its_own_asked
         rows = nb.cycle(float(t), ranks, uid)
     assert sorted(rows) == ["1000", "1001"]  # pid 2000 is another user's: never read
     assert rows["1000"]["still_s"] == 0.0 and rows["1001"]["still_s"] is None and asked == []
-    store.write_json(str(tmp_path), "", busy.req_name("0"), {"job": "9", "seq": 1, "ranks": [
+    livespool.write_json(str(tmp_path), "", busy.req_name("0"), {"job": "9", "seq": 1, "ranks": [
         ["n0", 1000, 0], ["n1", 1001, 1], ["n0", 1001, 7], ["n0", 2000, 5]]})  # theirs, a wrong rank, not the job's
     rows = nb.cycle(4.0, ranks, uid)
     assert asked == [[0]] and rows["1000"]["kind"] == "checkpoint" and rows["1000"]["seq"] == 1
@@ -306,3 +326,41 @@ def test_a_real_process_writing_to_storage_moves_and_a_blocked_one_does_not(tmp_
     finally:
         child.kill()
         child.wait()
+
+
+def _asked_every_cycle(tmp_path, own_ticks: int) -> dict:
+    """A rank asked for its stack every cycle (the leader refreshing a long stall) whose worker
+    server's answer costs it 20 CPU ticks and a 4 KiB file write (torch dumps the traceback
+    through a file); on its own it moves ``own_ticks`` per cycle. Its node's row after 8 cycles."""
+    from slurm_attr.live import livespool
+    from slurm_attr.live.dumps import Limits
+
+    uid, cnt = os.getuid(), {"cpu": 0, "io": 0}
+
+    def answer(jobdir, lim, ranks):
+        cnt["cpu"] += 20
+        cnt["io"] += 4096
+        return {g: CKPT for g in ranks}
+
+    nb = busy.NodeBusy(str(tmp_path), "9", "0", "n0", str(tmp_path), limits=lambda u: Limits(uid=u),
+                       counters=lambda pid: procstat.Counters(1, uid, cnt["cpu"], cnt["io"]),
+                       children=lambda pid: [], stacks=answer, gpu=gpustat.GpuProbe(tool=""))
+    row = {}
+    for t in range(1, 9):
+        livespool.write_json(str(tmp_path), "", busy.req_name("0"), {"job": "9", "seq": t, "ranks": [["n0", 1000, 0]]})
+        cnt["cpu"] += own_ticks
+        row = nb.cycle(float(t), {1000: 0}, uid)["1000"]
+    return row
+
+
+def test_a_blocked_rank_is_not_moved_by_the_watchers_own_stack_requests(tmp_path):
+    row = _asked_every_cycle(tmp_path, own_ticks=0)
+    assert row["kind"] == "checkpoint" and row["seq"] == 8
+    assert row["still_s"] is None  # never seen moving: what the requests cost it is not its own
+    assert busy.rank_busy(row, awaiting=False) is None
+
+
+def test_a_rank_that_also_moves_on_its_own_while_asked_is_busy(tmp_path):
+    row = _asked_every_cycle(tmp_path, own_ticks=50)
+    assert row["still_s"] == 0.0 and row["io_still_s"] is None  # CPU of its own; the I/O was ours
+    assert busy.rank_busy(row, awaiting=False) == f"checkpoint at {SITE}/torch/serialization.py:652 in _save, counters moving"

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from slurm_attr.bundle import Bundle
 from slurm_attr.cli import main
 from slurm_attr.config import Config
-from slurm_attr.live import analyze, classify, findings, store
+from slurm_attr.live import analyze, classify, findings, livespool
 from slurm_attr.live.classify import from_summaries
 from slurm_attr.live.detect import Hang
 from slurm_attr.live.watcher import Watcher
@@ -61,7 +61,7 @@ def _doc(job="77"):
 
 def test_finding_is_shown_by_sattr_live_and_read_as_untrusted_evidence(tmp_path, monkeypatch):
     cfg = _cfg(tmp_path)
-    store.ensure_job_dir(cfg.paths.spool, "77")
+    livespool.ensure_job_dir(cfg.paths.spool, "77")
     findings.save(cfg.paths.spool, "77", "0", _doc(), gid=None)
     toml = tmp_path / "c.toml"
     toml.write_text(f'[paths]\nspool = "{cfg.paths.spool}"\n')
@@ -85,7 +85,7 @@ def test_finding_is_shown_by_sattr_live_and_read_as_untrusted_evidence(tmp_path,
 
 def test_a_finding_that_is_not_ours_or_names_another_job_is_ignored(tmp_path):
     cfg = _cfg(tmp_path)
-    d = store.ensure_job_dir(cfg.paths.spool, "77")
+    d = livespool.ensure_job_dir(cfg.paths.spool, "77")
     path = os.path.join(d, findings.name("0"))
     with open(path, "w") as f:  # root's, but names another job
         json.dump(dict(_doc(job="78"), step="0"), f)
@@ -202,7 +202,7 @@ def test_sattr_jobid_shows_the_live_finding_until_a_verdict_exists(tmp_path, mon
                     f'slurm_bin = "{tmp_path}/no-slurm"\n'
                     f'[intake]\nqueue_dir = "{tmp_path}/pending"\n')
     monkeypatch.setenv("SLURM_ATTR_CONFIG", str(toml))
-    store.ensure_job_dir(cfg.paths.spool, "77")
+    livespool.ensure_job_dir(cfg.paths.spool, "77")
     findings.save(cfg.paths.spool, "77", "0", _doc(), gid=None)
     out = CliRunner().invoke(main, ["77"])
     assert out.exit_code == 0, out.output
@@ -250,7 +250,7 @@ def test_an_earlier_unlocalised_finding_is_relinked_when_the_cause_is_found():
 
 def test_the_post_mortem_reads_a_cascade_as_a_cascade(tmp_path):
     cfg = _cfg(tmp_path)
-    store.ensure_job_dir(cfg.paths.spool, "77")
+    livespool.ensure_job_dir(cfg.paths.spool, "77")
     odd = _hang("H0", "od", "odd od", 4, [], [1, 3, 5, 7])
     world = _hang("H2", "wo", "world wo", 8, [5], [0, 1, 2, 3, 4, 6, 7])
     world["cause"] = "collective_mismatch"

@@ -8,7 +8,7 @@ import json
 import os
 import random
 
-from slurm_attr.analysis import run_bundle
+from slurm_attr.bundleanalysis import run_bundle
 from slurm_attr.bundle import Bundle
 from slurm_attr.config import Config
 from slurm_attr.live import analyze, findings

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_attr.analysis import Gathered, conclude, gather, run_bundle
+from slurm_attr.bundleanalysis import Gathered, conclude, gather, run_bundle
 from slurm_attr.config import Config
 from slurm_attr.pipeline import attempt, intake, offload
 from slurm_attr.store import Store

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_attr.analysis import run_bundle
+from slurm_attr.bundleanalysis import run_bundle
 from slurm_attr.config import Config
 from slurm_attr.drain import candidates
 

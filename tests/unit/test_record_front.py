@@ -143,8 +143,11 @@ def test_the_worker_starts_at_the_lowest_priority_before_its_interpreter(front, 
     Python runs), not at the hook's priority beside slurmctld. Near miss: with every slot held
     no worker is started at all (the record is still written)."""
     fake = tmp_path / "python"
+    # written whole, then renamed: the test reads the file as soon as it exists (a file the
+    # shell's >> creates before awk writes to it read empty under load)
     fake.write_text("#!/bin/sh\n"
-                    "awk '{print \"nice=\" $19 \" policy=\" $41}' /proc/$$/stat >> \"$0.calls\"\n")
+                    "awk '{print \"nice=\" $19 \" policy=\" $41}' /proc/$$/stat > \"$0.calls.tmp\" && "
+                    "mv \"$0.calls.tmp\" \"$0.calls\"\n")
     fake.chmod(0o755)
     cfg = tmp_path / "c.toml"
     cfg.write_text(f'[intake]\nqueue_dir = "{tmp_path}/q"\n\n[analysis]\nworkers = 1\n')

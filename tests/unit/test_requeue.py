@@ -50,7 +50,8 @@ class JobSlurm(FakeSlurm):
         if expedite:  # scontrol release of the job Slurm's expedited requeue holds
             if self.job["JobState"] != "REQUEUE_HOLD":
                 raise SlurmError("Job is not held")
-            self.job["JobState"] = "PENDING"
+            # 26.05: released, it is the highest priority there is and runs at the next pass
+            self.job["JobState"] = "RUNNING"
             return
         if self.job["BatchFlag"] != "1" or self.job["Requeue"] != "1":
             raise SlurmError("Requested operation is presently disabled")
@@ -60,7 +61,7 @@ class JobSlurm(FakeSlurm):
 
     def exclude_nodes(self, job_id: str, nodes: str) -> None:
         self.calls.append(("exclude_nodes", job_id, nodes))
-        if self.job["JobState"] not in ("PENDING",):
+        if self.job["JobState"] not in ("PENDING", "REQUEUE_HOLD"):
             raise SlurmError("Job is no longer pending execution")
         self.job["ExcNodeList"] = nodes
 
@@ -171,7 +172,9 @@ def test_expedited_requeue_job_held_by_slurm_2511_is_released(store):
     slurm.job.update(ExpeditedRequeue="Yes", JobState="REQUEUE_HOLD", Restarts="1")
     d = requeue.apply(c, drained_verdict(c, slurm, store), job(), slurm=slurm, store=store, sleep=no_sleep)
     assert d.requeued and d.expedite and d.line() == "requeued as attempt 2; n2 excluded (expedited)"
-    assert asked(slurm)[0] == ("requeue", "1234", True)
+    # excluded while still held: once released it starts before an update could reach it
+    assert asked(slurm)[:2] == [("exclude_nodes", "1234", "n2"), ("requeue", "1234", True)]
+    assert slurm.job["ExcNodeList"] == "n2" and d.detail == "requeued as attempt 2; n2 excluded (expedited)"
 
 
 def test_2511_job_without_expedite_is_requeued_plain(store):

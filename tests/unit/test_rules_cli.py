@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 from slurm_attr.cli import main
 from slurm_attr.rules import build_catalog
-from slurm_attr.rules.render import render_markdown
+from slurm_attr.rules.catalogdoc import render_markdown
 
 REPO = Path(__file__).resolve().parents[2]
 

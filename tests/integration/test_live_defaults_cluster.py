@@ -26,7 +26,7 @@ from slurm_attr import config as config_mod
 from slurm_attr.config import Config
 from slurm_attr.live import findings
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.torch]  # torch's worker server gives the stacks; the versions roots have no torch
 
 REPO = Path(__file__).resolve().parents[2]
 JOBPY = REPO / "cluster" / "jobs" / "live_scenario.py"

@@ -233,7 +233,7 @@ def test_expedited_requeue_job_is_released_around_the_drained_node(cluster, kern
     ExpeditedRequeue=Yes. On a hardware verdict slurm-attr releases it (that is the requeue), and
     it runs again around the drained node."""
     if _release(cluster) < (25, 11):
-        pytest.skip("--requeue=expedite is Slurm 25.11's (this cluster runs %s)" % ".".join(map(str, _release(cluster))))
+        pytest.skip("--requeue=expedite is Slurm 25.11's (this cluster runs %d.%02d)" % _release(cluster)[:2])
     gate = cluster.gate()
     with cluster.settings(**SETTINGS):
         job = cluster.sbatch(_script(cluster, [gate], nodes=2, second_ok=True, requeue=EXPEDITE), user=USER)

@@ -9,6 +9,13 @@ runs samples `squeue` latency (every 0.5 s) and the slurm_attr processes on the 
 EpilogSlurmctld's wall time (the test cluster's hook timing log), and the workers' own CPU time
 (their "worker done" log lines). Mode "off" is `[analysis] enabled = false` (the hook records
 nothing: the baseline); mode "on" waits until every task's verdict is stored and commented.
+
+    python bench/bench_burst.py --split-cores
+
+keeps the controller's daemons (slurmctld, slurmdbd, MariaDB, and so the hooks and workers they
+start) on CPU 0 and the pretend nodes' slurmd (so their steps, tasks and node epilogs) on the
+other CPUs, as a cluster keeps its jobs off the controller's host; the affinities are restored
+after the run. Without it everything shares every CPU, the tasks' load landing beside slurmctld.
 """
 from __future__ import annotations
 
@@ -231,18 +238,55 @@ def _pair(a: float | None, b: float | None, fmt: str = "{:.0f}") -> str:
     return "-" if a is None or b is None else f"{fmt.format(a)} / {fmt.format(b)}"
 
 
+CONTROLLER_DAEMONS = ("slurmctld", "slurmdbd", "mariadbd", "mysqld")
+
+
+def _pids(name: str) -> list[int]:
+    out = subprocess.run(["pgrep", "-x", name], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+@contextlib.contextmanager
+def split_cores(enabled: bool):
+    """The controller's daemons on CPU 0, the nodes' slurmd on the rest (inherited by what each
+    forks from then on: hooks and workers on the controller's CPU, steps and epilogs on the
+    nodes'); every affinity back to all CPUs afterwards."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if not enabled or len(cpus) < 2:
+        yield None
+        return
+    ctl, nodes = {cpus[0]}, set(cpus[1:])
+    pinned = [(p, ctl) for n in CONTROLLER_DAEMONS for p in _pids(n)] + [(p, nodes) for p in _pids("slurmd")]
+    try:
+        for pid, cpuset in pinned:
+            for tid in os.listdir(f"/proc/{pid}/task"):  # every thread, as `taskset -a`
+                with contextlib.suppress(OSError):
+                    os.sched_setaffinity(int(tid), cpuset)
+        yield {"controller": sorted(ctl), "nodes": sorted(nodes)}
+    finally:
+        for pid, _ in pinned:
+            with contextlib.suppress(OSError):
+                for tid in os.listdir(f"/proc/{pid}/task"):
+                    with contextlib.suppress(OSError):
+                        os.sched_setaffinity(int(tid), set(cpus))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tasks", type=int, default=2000)
+    ap.add_argument("--split-cores", action="store_true",
+                    help="controller daemons on CPU 0, the nodes' slurmd on the others")
     args = ap.parse_args()
     env = cluster_env()  # bench_epilog's: the test cluster's environment
     res = {}
     for name, on in (("off", False), ("on", True)):
-        with fresh_controller(env), analysis_enabled(on):
+        with fresh_controller(env), analysis_enabled(on), split_cores(args.split_cores) as split:
             res[name] = burst(env, args.tasks, on)
         print(f"{name}: {res[name]}", file=sys.stderr)
     off, on = res["off"], res["on"]
-    print(f"\nburst of {args.tasks} array tasks (half exit 1), slurm-attr's controller side off vs on\n")
+    where = (f"controller daemons, hooks and workers on CPU {split['controller']}, the nodes on {split['nodes']}"
+             if split else "every process on every CPU")
+    print(f"\nburst of {args.tasks} array tasks (half exit 1), slurm-attr's controller side off vs on; {where}\n")
     rows = [("array tasks ended (s)", off["burst_s"], on["burst_s"]),
             ("verdicts stored after the last end (s)", None, on["stored_after_end_s"]),
             ("comments written / each task's own verdict", None, f"{on['comments']} / {on['comments_right']}"),

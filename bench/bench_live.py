@@ -14,12 +14,12 @@ watcher's CPU per node at 8 ranks, each against a named peer measured in the sam
    write the summary) repeated --cycles times; CPU seconds per cycle = share of one core at
    interval_s = 1. Peer: the post-mortem reader (probe.reader.read_node) on the same files.
    Goal: <= 1 % of one core.
-3. Straggler (slow.py, S1): the same --ranks records with header rings (world, tp and dp
+3. Straggler (slow/anomalies.py, S1): the same --ranks records with header rings (world, tp and dp
    collectives; one rank enters every world collective 30 ms late); the node cycles read the
    rings into the summaries once, then --straggler-cycles leader cycles each join 16 newer
    collectives per communicator (the summaries' entries shifted between cycles, untimed;
    16: the world communicator's sampling stride at 4096 ranks).
-   Timed: the whole leader cycle, and slow.py's part of it. Peer: probe.analyze as in 1.
+   Timed: the whole leader cycle, and slow/anomalies.py's part of it. Peer: probe.analyze as in 1.
    Goal: the leader cycle <= 1 s at 4096 ranks. Skipped with --straggler-cycles 0.
 4. With --latency-runs N: the probe harness (spank/build/tests/probe_harness, `make -C spank
    test`) plays an 8-rank job here that stalls (--scenario, default nonentry) after ~300
@@ -215,7 +215,7 @@ def _entry_us(out: str, opi: int) -> int | None:
     """Wall-clock entry (us) of world collective ``opi`` in rank 0's header ring, if it is there."""
     from slurm_attr.probe import layout as L
     from slurm_attr.probe.record import parse
-    from slurm_attr.live.slowring import ring_entries
+    from slurm_attr.live.slow.ring import ring_entries
 
     d = os.path.join(out, "nodes", "node0", "probe")
     for name in os.listdir(d) if os.path.isdir(d) else ():
@@ -366,9 +366,9 @@ def straggler(ranks: int, per_node: int, cycles: int, runs: int, root: str) -> N
     s1 = [f for f in found if f["class"] == "S1"]
     steady = whole[1:] or whole
     print(f"straggler, {ranks} ranks on {len(nodes)} nodes, {cycles} leader cycles: leader cycle {_stats(steady)} s "
-          f"(slow.py part {_stats(slow_t[1:] or slow_t)} s); peer probe.analyze {_stats(peer)} s; ratio leader/peer "
-          f"(median) {statistics.median(steady) / statistics.median(peer):.2f}; goal <= 1 s; node cycle with rings "
-          f"{node_s * 1e3:.1f} ms per node")
+          f"(slow/anomalies.py part {_stats(slow_t[1:] or slow_t)} s); peer probe.analyze {_stats(peer)} s; "
+          f"ratio leader/peer (median) {statistics.median(steady) / statistics.median(peer):.2f}; goal <= 1 s; "
+          f"node cycle with rings {node_s * 1e3:.1f} ms per node")
     print(f"  S1: {s1[0]['what'] if s1 else 'none'} (victim rank {victim}; error {leader.slow.error})")
 
 

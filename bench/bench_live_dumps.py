@@ -27,7 +27,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from slurm_attr.live import dumps, workerclient  # noqa: E402
-from slurm_attr.live.frdetect import poll_period  # noqa: E402
+from slurm_attr.live.hang.frdetect import poll_period  # noqa: E402
 
 RANK = r"""
 import sys, time
@@ -84,7 +84,7 @@ def main() -> int:
             peer.append(time.perf_counter() - t0)
         size = len(workerclient.post(f"{d}/ws/rank_0.sock", "fr_trace_json", uid))
         cpu = []
-        for _ in range(a.runs):  # the FR poll of a job without probe records (frdetect.py)
+        for _ in range(a.runs):  # the FR poll of a job without probe records (hang/frdetect.py)
             c0 = time.process_time()
             assert len(dumps.poll_fr(d, dumps.Limits(uid))[0]) == a.ranks
             cpu.append(time.process_time() - c0)

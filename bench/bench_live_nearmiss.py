@@ -8,7 +8,7 @@ Each run is an 8-rank job over two nodes (4 ranks each) played on synthetic prob
 them), with the real watchers (slurm_attr.live.watcher, default Config: hang_after_s 60,
 hang_floor_s 5, interval_s 1) on a virtual clock, so a 200 s job plays in about a second.
 The ranks' processes are stand-ins too: their CPU and storage-I/O counters (what
-procstat.py reads from /proc) and their Python stacks (what the worker server's
+hang/procstat.py reads from /proc) and their Python stacks (what the worker server's
 ``dump_traceback`` answers; none with --no-stacks) follow what each rank is doing. The
 watchers' code is the real one from the records on; the job and its processes are
 modelled (see ``Job``), each run with its own random draw (seeded by its number).
@@ -27,9 +27,9 @@ checkpoint write blocks for good: its stack still in torch.save, its counters st
 --no-busy runs them with the learned threshold alone (no busy check): the near misses the
 busy check is there for must then give false hangs, or the scenario tests nothing.
 --gaps prints each healthy scenario's gap distribution as the tracker learned it (the data
-behind threshold.py's QUANTILE and MARGIN). --cancel runs the near misses with
+behind hang/threshold.py's QUANTILE and MARGIN). --cancel runs the near misses with
 on_hang = cancel and a Slurm stand-in that counts scancels. --cost N: what the busy check
-adds to a node's cycle with real processes (procstat.py on 8 live ranks, each a shell
+adds to a node's cycle with real processes (hang/procstat.py on 8 live ranks, each a shell
 waiting on two children, so every cycle also reads the children: the worst case), CPU per
 cycle over N cycles.
 """
@@ -47,7 +47,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from slurm_attr.config import Config  # noqa: E402
-from slurm_attr.live import procstat  # noqa: E402
+from slurm_attr.live.hang import procstat  # noqa: E402
 from slurm_attr.live.watcher import Watcher  # noqa: E402
 from slurm_attr.probe import layout as L  # noqa: E402
 from slurm_attr.probe.synth import SlotSpec, record_bytes  # noqa: E402
@@ -358,7 +358,7 @@ def hangs(runs: int, names: list[str], stacks: bool) -> None:
 def cost(cycles: int) -> None:
     import subprocess
 
-    from slurm_attr.live.busy import NodeBusy
+    from slurm_attr.live.hang.busy import NodeBusy
 
     procs = [subprocess.Popen(["bash", "-c", "sleep 600 & sleep 600 & wait"]) for _ in range(N)]
     try:

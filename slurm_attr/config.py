@@ -192,7 +192,7 @@ class Live:
     # raised to 4x the longest stall this job has recovered from (slow collectives).
     hang_after_s: float = 60.0
     # ... the ceiling of the threshold each communicator learns from its own rhythm (live/
-    # threshold.py: 3x the p99 of its gaps), which never goes below this floor.
+    # hang/threshold.py: 3x the p99 of its gaps), which never goes below this floor.
     hang_floor_s: float = 5.0
     # How often each node's watcher reads its ranks' probe records.
     interval_s: float = 1.0
@@ -204,7 +204,7 @@ class Live:
     # The same dumps this many seconds before the job's end time (a job killed at its time
     # limit leaves no FR dump of its own); 0 = never.
     dump_before_end_s: float = 60.0
-    # Slow anomalies (slurm_attr/live/slow.py; informational findings, never a drain).
+    # Slow anomalies (slurm_attr/live/slow/anomalies.py; informational findings, never a drain).
     # S1 straggler: one rank last to enter in >= straggler_share of the last slow_window
     # collectives (at least slow_min_samples), by >= straggler_min_gap_ms (clock resolution and
     # NTP skew sit below it), and the job waited on it >= straggler_min_wait of its run time.
@@ -226,7 +226,7 @@ class Live:
     # for every rank together, with no rank entering late.
     phase_factor: float = 3.0
     phase_window: int = 20
-    # NCCL's RAS (NCCL >= 2.24, live/ras.py) as a second opinion before on_hang = "cancel" acts:
+    # NCCL's RAS (NCCL >= 2.24, live/ras/opinion.py) as a second opinion before on_hang = "cancel" acts:
     # "auto" asks the RAS socket on the step leader's node (ras_addr, the jobs' NCCL_RAS_ADDR),
     # within ras_timeout_s; "off" never asks. RAS agreeing counts like the dumps agreeing.
     ras: str = "auto"

@@ -2,7 +2,7 @@
 
 ``node``        node Epilog (root, every node): collect this node's part of the bundle.
 ``controller``  EpilogSlurmctld (once per job): record the job in the intake and start an
-                analysis worker if a slot is free (pipeline/record.py); nothing else.
+                analysis worker if a slot is free (pipeline/ctldrecord.py); nothing else.
 ``work``        an analysis worker: drains the intake (pipeline/pool.py).
 ``analyze KEY`` one bundle's analysis outside the pool (its pending record could not be written).
 
@@ -23,7 +23,7 @@ from typing import Any
 
 from . import config as config_mod
 from . import spool
-from .pipeline.record import opted_out
+from .pipeline.ctldrecord import opted_out
 
 # The node epilog's one question to slurmctld (22.05 only: the trusted job start), kept short.
 SCONTROL_TIMEOUT_S = 3.0
@@ -156,11 +156,11 @@ def analyze_main(key: str) -> int:
 
 
 def controller_main(env: dict[str, str]) -> int:
-    """EpilogSlurmctld: record the job (pipeline/record.py), then start a worker if a slot is free."""
-    from .pipeline import pool, record
+    """EpilogSlurmctld: record the job (pipeline/ctldrecord.py), then start a worker if a slot is free."""
+    from .pipeline import ctldrecord, pool
 
     cfg = config_mod.load()
-    key, recorded = record.record_main(cfg, env)
+    key, recorded = ctldrecord.record_main(cfg, env)
     if key and recorded:
         pool.kick(cfg, env)
     elif key:

@@ -23,7 +23,7 @@ from typing import Any, Mapping, Sequence
 
 from .bundle import parse_ranks
 from .model import CAUSES, NO_ACTION, ROLES, UNKNOWN_JOB, Coverage, Symptom, Verdict
-from .reason import attempt, contradiction, netloc, outcome, policy, rank, roles, timeline
+from .reason import contradiction, jobattempt, netloc, outcome, policy, rank, roles, timeline
 
 log = logging.getLogger("slurm_attr")
 
@@ -84,9 +84,9 @@ def decide(job: Mapping[str, Any], symptoms: Sequence[Symptom], coverage: Sequen
             s.node = ranks.get(s.rank)
     nodes = _job_nodes(job, ranks)
     clock = timeline.clock_of(job)  # one clock for every step: it remembers each symptom's time
-    attempt.mark_earlier(syms, job, clock)  # this attempt's evidence decides; older lines are context
-    attempt.mark_survived(syms, clock)  # so does the error after the workers' last restart
-    attempt.mark_after_end(syms, job, clock)  # nor can what came after the end have ended the job
+    jobattempt.mark_earlier(syms, job, clock)  # this attempt's evidence decides; older lines are context
+    jobattempt.mark_survived(syms, clock)  # so does the error after the workers' last restart
+    jobattempt.mark_after_end(syms, job, clock)  # nor can what came after the end have ended the job
     book = netloc.AddressBook(job, nodes)
     book.add_hosts(netloc.hosts_from_symptoms(syms))  # what NCCL INFO lines said, below Slurm's record
     netloc.resolve_peers(syms, book)

@@ -11,7 +11,7 @@ import click
 from .. import access, flightrec, jobtext
 from ..config import Config
 from ..errors import NotFound, PermissionDenied
-from ..flightrec.html import render_html
+from ..flightrec.matrixhtml import render_html
 from ..flightrec.matrix import build_matrix, render_text
 from . import main
 from .options import echo_json, handle_errors, json_option, load_config, use_color

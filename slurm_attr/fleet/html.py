@@ -2,7 +2,7 @@
 
 Input is the dict ``facts.fleet_report`` returns; nothing is read from the store here. Every
 string in it may have come from a job (summaries, drain reasons, diag output), so each one is
-escaped and its control characters made visible (jobtext.block), as in flightrec/html.py.
+escaped and its control characters made visible (jobtext.block), as in flightrec/matrixhtml.py.
 
 The numbers a machine (or a test) wants to check sit in data attributes: each total in an
 element with ``data-metric``, each cause row ``data-cause``/``data-jobs``/``data-gpu-hours``,

@@ -1,5 +1,5 @@
 """The fleet page's text: every value from the report escaped, made visible and cut
-(jobtext.block, as flightrec/html.py does), numbers formatted the one way the page and its
+(jobtext.block, as flightrec/matrixhtml.py does), numbers formatted the one way the page and its
 data attributes hold them, and the byte room each long section may fill (html.py)."""
 from __future__ import annotations
 

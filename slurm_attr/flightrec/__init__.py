@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # the names below, imported when first used (see __getattr__)
     from ..bundle import Bundle
     from ..config import Config
     from ..model import Symptom
-    from .findings import Analysis, Finding
+    from .divergences import Analysis, Finding
     from .loader import DumpSet, load_dumps
     from .matrix import Matrix, build_matrix
     from .report import Report, inspect
@@ -46,8 +46,8 @@ _LAZY = {"Analysis": "blame", "Finding": "blame", "DumpSet": "loader", "load_dum
          "Matrix": "matrix", "build_matrix": "matrix", "Report": "report", "inspect": "report",
          "DumpError": "types",
          "_workers": "report"}  # bench/bench_flightrec.py sizes its memory bound with it
-_SUBMODULES = {"blame", "groups", "html", "loader", "matrix", "report", "safepickle", "siblings", "symptoms",
-               "trace", "types", "vote", "wire"}
+_SUBMODULES = {"blame", "groups", "loader", "matrix", "matrixhtml", "report", "safepickle", "siblings", "symptoms",
+               "trace", "tracewire", "types", "vote"}
 
 
 def __getattr__(name: str) -> Any:

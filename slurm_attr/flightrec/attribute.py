@@ -7,7 +7,7 @@ import functools
 from collections import Counter
 from typing import Any
 
-from .findings import Analysis, Finding, position, program_order
+from .divergences import Analysis, Finding, position, program_order
 from .groups import order_key
 from .loader import DumpSet
 

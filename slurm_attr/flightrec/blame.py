@@ -20,7 +20,7 @@ import functools
 from collections import Counter
 
 from .attribute import attribute
-from .findings import Analysis, Finding, program_order
+from .divergences import Analysis, Finding, program_order
 from .groups import Group, build_groups, order_key, world_ranks
 from .loader import DumpSet
 from .types import NO_SIG

@@ -29,7 +29,7 @@ from ..errors import UnsafePath
 from . import safepickle
 from .trace import SigTable, digest
 from .types import DumpError, DumpProblem, RankTrace, Sig
-from .wire import from_wire, to_wire
+from .tracewire import from_wire, to_wire
 
 DEFAULT_FILE_CAP = 64 << 20
 # Newest entries read per rank on large dumps; older history is read only when needed.
@@ -191,7 +191,7 @@ def _load_chunk(args: tuple[str, list[tuple[int, list[DumpFile]]], int, int | No
 
 
 def _load_chunk_wire(args: tuple[str, list[tuple[int, list[DumpFile]]], int, int | None, float | None]) -> tuple[list[tuple[Any, ...]], dict[int, Sig], dict[str, tuple[int, ...]], list[DumpProblem]]:
-    """_load_chunk in a pool worker: the traces as plain values (wire.py), cheaper to send."""
+    """_load_chunk in a pool worker: the traces as plain values (tracewire.py), cheaper to send."""
     traces, sigs, members, problems = _load_chunk(args)
     return [to_wire(tr) for tr in traces], sigs, members, problems
 

@@ -3,14 +3,14 @@
 Each cell is a symbol for the collective's signature (op + sizes + dtypes), so a
 rank that disagrees stands out in its column. Identical rows are folded into one
 ("0-2047,2049-4095"), which keeps a 4096-rank group readable. The model is
-built once and rendered for the terminal here and as HTML in html.py.
+built once and rendered for the terminal here and as HTML in matrixhtml.py.
 """
 from __future__ import annotations
 
 import string
 from dataclasses import dataclass, field
 
-from .findings import Analysis, Finding
+from .divergences import Analysis, Finding
 from .groups import Group, order_key
 from .loader import DumpSet
 from .symptoms import clean, ranges

@@ -11,7 +11,7 @@ from ..bundle import Bundle
 from ..config import Config
 from ..model import Coverage, Symptom
 from .blame import analyse
-from .findings import Analysis
+from .divergences import Analysis
 from .groups import world_ranks
 from .loader import DEFAULT_TAIL_ENTRIES, DumpSet, frozen_gc, load_dumps, reload_full
 from .symptoms import coverage, to_symptoms, window_coverage

@@ -14,7 +14,7 @@ from typing import Any
 from .. import jobtext
 from ..model import Coverage, Evidence, Symptom
 from . import NO_DUMPS
-from .findings import Analysis, Finding
+from .divergences import Analysis, Finding
 from .groups import Group, order_key
 from .loader import DumpSet, load_entry
 from .types import Sig

@@ -9,8 +9,8 @@ the job runs and the post-mortem analysis reads as untrusted evidence.
 
 Data flows one way: records (job, hostile) -> nodeview (node summary + snapshots) ->
 spool files (root) -> detect + classify (leader) -> finding (root) -> cli / evidence. The
-threshold is learned per communicator (threshold.py), and a stall whose waited-for ranks
-are busy rather than stuck (their /proc counters, procstat.py, and stacks, busy.py) is a
+threshold is learned per communicator (hang/threshold.py), and a stall whose waited-for ranks
+are busy rather than stuck (their /proc counters, hang/procstat.py, and stacks, hang/busy.py) is a
 note until they stop moving or the ceiling passes.
 """
 from __future__ import annotations
@@ -30,10 +30,8 @@ if TYPE_CHECKING:
 __all__ = ["analyze"]
 
 # Most jobs leave no live data (no watcher, no probe): `sattr analyze` then needs none of
-# evidence's modules (slow.py pulls statistics, decimal, fractions). Submodules load on first use.
-_SUBMODULES = {"busy", "classify", "detect", "dumps", "evidence", "findings", "frdetect", "nodeview", "prekill",
-               "prekillevidence", "procstat", "ras", "rasreport", "slow", "slowevidence", "slowjoin", "slowring",
-               "livespool", "threshold", "watcher"}
+# evidence's modules (slow/anomalies.py pulls statistics, decimal, fractions). Submodules load on first use.
+_SUBMODULES = {"dumps", "evidence", "findings", "hang", "livespool", "nodeview", "prekill", "ras", "slow", "watcher"}
 
 
 def __getattr__(name: str) -> Any:

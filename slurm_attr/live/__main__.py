@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         args = None
     _quiet_priority()
     _memory_cap(cfg.live.watcher_mem_bytes)
-    from .prekill import show_job
+    from .prekill.exchange import show_job
     from .watcher import Watcher
 
     def make(s: StepArgs) -> Watcher:

@@ -217,7 +217,7 @@ def poll_fr(jobdir: str, lim: Limits) -> tuple[dict[int, dict[str, Any]], list[s
 
 def fetch_stacks(jobdir: str, lim: Limits, ranks: set[int]) -> dict[int, str | Exception]:
     """``dump_traceback`` of these local ranks' worker servers only (the busy check,
-    busy.py): rank -> the text, or the error why not. Ranks without a socket are left out."""
+    hang/busy.py): rank -> the text, or the error why not. Ranks without a socket are left out."""
     out: dict[int, str | Exception] = {}
 
     def got(r: Reply) -> None:

@@ -13,7 +13,9 @@ from typing import Any
 from ..bundle import Bundle
 from ..config import Config
 from ..model import Coverage, Evidence, Symptom
-from . import findings, prekillevidence, slowevidence, spool_job, livespool
+from . import findings, spool_job, livespool
+from .prekill import prekillevidence
+from .slow import slowevidence
 
 ID = "live.hang"
 PRIORITY = 40  # under probe.* (55-60): the full records are the finer evidence
@@ -39,7 +41,7 @@ def analyze(bundle: Bundle, cfg: Config) -> tuple[list[Symptom], list[Coverage]]
     for f in doc["findings"][-findings.MAX_FINDINGS:]:
         if not isinstance(f, dict):
             continue
-        if f.get("kind") == "slow":  # S1-S3: context, never a cause (slowevidence.py)
+        if f.get("kind") == "slow":  # S1-S3: context, never a cause (slow/slowevidence.py)
             out.append(slowevidence.symptom(f, f"{livespool.LIVE}/{job}/{findings.name(str(f.get('step', '?')))}"))
             continue
         ranks = [r for r in f.get("ranks") or () if isinstance(r, int)]

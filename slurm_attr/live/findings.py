@@ -90,7 +90,7 @@ def headline(f: dict[str, Any]) -> str:
     f = jobtext.deep(f)  # names and summaries in it came from the job's records
     syms = [s for s in f.get("symptoms") or () if isinstance(s, dict)]
     cls = f.get("class")
-    if f.get("kind") == "slow":  # S1-S3 (slow.py): the job runs on, only slower
+    if f.get("kind") == "slow":  # S1-S3 (slow/anomalies.py): the job runs on, only slower
         return f"{f.get('title') or 'slow'} detected {_clock(f.get('detected'))}: {f.get('what')} [{cls}]"
     first = syms[0] if syms else {}
     fields = first.get("fields") or {}
@@ -180,7 +180,7 @@ def cancel_lines(c: Any) -> list[str]:
 
 
 def note_line(n: Any) -> str | None:
-    """A stall judged busy, not stuck (busy.py): "busy, not stuck 14:02:10: world 9e37...: rank 0:
+    """A stall judged busy, not stuck (hang/busy.py): "busy, not stuck 14:02:10: world 9e37...: rank 0:
     checkpoint at train.py:90 in save_checkpoint, counters moving (quiet 12.0 s; threshold 5.0 s)"."""
     if not isinstance(n, dict):
         return None

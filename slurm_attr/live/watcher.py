@@ -3,7 +3,7 @@
 Every ``[live] interval_s``: read the local records, write this node's summary (and, once
 a local communicator looks stalled, snapshots of its records) to the spool. The leader
 (the step's first node) then reads every node's summary, detects hangs (below the
-ceiling, only once the ranks waited for are not busy: busy.py) and writes the findings.
+ceiling, only once the ranks waited for are not busy: hang/busy.py) and writes the findings.
 It ends when the step does (its slurmstepd is gone, or the job's evidence dir is) and
 never touches the job: it only reads the job's files, at idle CPU priority.
 Any error in a cycle is recorded in the summary and the loop goes on.
@@ -19,14 +19,16 @@ from .. import safefs
 from ..config import Config
 from ..errors import UnsafePath
 from ..probe.comms import iso
-from . import classify, findings, slow, livespool
-from .busy import LeaderBusy, NodeBusy
-from .detect import Tracker, combine
-from .frdetect import FrTracker, poll_period
+from . import findings, livespool
 from .budget import NodeBudget, locked
+from .hang import classify
+from .hang.busy import LeaderBusy, NodeBusy
+from .hang.detect import Tracker, combine
+from .hang.frdetect import FrTracker, poll_period
 from .host import Host
-from .prekill import LeaderDumps, NodeDumps
 from .nodeview import LocalStall, current, of_another_step, read_local, read_snapshot, summarize
+from .prekill.exchange import LeaderDumps, NodeDumps
+from .slow import anomalies as slow
 from .stepd import Stepd
 
 MAX_NODES = 8192
@@ -51,7 +53,7 @@ class Watcher:
         floor = min(cfg.live.hang_after_s, cfg.live.hang_floor_s)
         self.local = LocalStall(max(2 * cfg.live.interval_s, floor / 2))
         self.tracker = Tracker(cfg.live.hang_after_s, floor_s=cfg.live.hang_floor_s)
-        self.slow = slow.SlowTracker(cfg.live, job, step)  # S1-S3 (slow.py)
+        self.slow = slow.SlowTracker(cfg.live, job, step)  # S1-S3 (slow/anomalies.py)
         self.snap_digest: dict[str, bytes] = {}
         self.stepd = Stepd(stepd_pid) if stepd_pid else None
         self.sum_dir = f"summary/{step}"
@@ -62,8 +64,8 @@ class Watcher:
         # Records created before this (an earlier step's ranks, frozen where they ended) are
         # left out; None reads them all (a watcher started after its step, as in the tests).
         self.since_ns = since_ns
-        # evidence before the kill (prekill.py): every node serves the leader's dump requests
-        # and, for jobs without probe records, polls its ranks' FR for frdetect.py
+        # evidence before the kill (prekill/exchange.py): every node serves the leader's dump requests
+        # and, for jobs without probe records, polls its ranks' FR for hang/frdetect.py
         # only the ranks of this step answer its watcher (their servers descend from its
         # slurmstepd): worker sockets carry no step, and every step's watcher saw them all
         self.node_dumps = NodeDumps(self.live_dir, job, step, node, jobdir, cfg.live, nnodes,
@@ -79,7 +81,7 @@ class Watcher:
         self.leader_dumps = LeaderDumps(cfg, job, step, self.live_dir, nnodes, end_ns=end_ns, gpus=gpus,
                                         show_job=show_job, uid=self.node_dumps.job_uid(),
                                         started=started, busy=self._busy_now) if leader else None
-        # busy is not stuck (busy.py): every node's counters and stacks, the leader's judgement
+        # busy is not stuck (hang/busy.py): every node's counters and stacks, the leader's judgement
         self.node_busy = NodeBusy(self.live_dir, job, step, node, jobdir, self.node_dumps.limits)
         self.busy = LeaderBusy(self.live_dir, job, step) if leader else None
         self.last_sums: list[dict[str, Any]] = []

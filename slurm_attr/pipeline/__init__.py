@@ -2,7 +2,7 @@
 
 ``intake``     the durable pending record: one small fsynced file per ended job on local disk
                until its verdict is stored (every later stage reads or updates it)
-``record``     EpilogSlurmctld: the job's facts from the hook's own environment into the intake;
+``ctldrecord`` EpilogSlurmctld: the job's facts from the hook's own environment into the intake;
                nothing else (no RPC, no user file read, no analysis)
 ``settle``     the job's final state from accounting (slurmctld's word while accounting is down)
 ``catchup``    the jobs accounting saw end that the intake never got (a lost or torn hook record, a

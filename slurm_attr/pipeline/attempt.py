@@ -299,9 +299,9 @@ def _partial(cfg: Config, key: str, facts: dict[str, Any], bdir: str, store: Any
 def retry_due(cfg: Config, slurm: Any = None, limit: int = 20, everything: bool = False,
               exclude: str = "", open_store: Callable[[Config], Any] | None = None) -> dict[str, str]:
     """One attempt for each pending job whose backoff has passed (or every one): {key: outcome}."""
-    from . import record
+    from . import ctldrecord
 
-    record.ingest(cfg)  # jobs the C front recorded while no worker ran
+    ctldrecord.ingest(cfg)  # jobs the C front recorded while no worker ran
     todo = intake.entries(cfg) if everything else intake.due(cfg)
     out: dict[str, str] = {}
     for doc in todo:

@@ -18,7 +18,7 @@ holds. Accounting down: logged, nothing recorded, the mark stays (the next run a
 
 No duplicates: the pending keys are listed before the stored verdicts are read. A worker removes
 a pending record only after its verdict is stored, and the C front's record becomes the JSON one
-before it is removed (record.ingest): a job missing from the listing is stored by then.
+before it is removed (ctldrecord.ingest): a job missing from the listing is stored by then.
 """
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ log = logging.getLogger("slurm_attr")
 MAX_ENTRY_BYTES = 1 << 20  # a pending file is job facts and an error line: small
 # A job the C front (sattr-record) recorded and no worker has read yet: its hook environment.
 ENV_SUFFIX = ".env"
-# facts_source of a job whose front record was empty or torn (record.py): only its key is known,
+# facts_source of a job whose front record was empty or torn (ctldrecord.py): only its key is known,
 # its facts are asked of accounting before the analysis (attempt.py).
 TORN = "torn"
 BACKOFF_START_S = 5.0

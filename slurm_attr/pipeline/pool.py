@@ -24,7 +24,7 @@ from collections import Counter
 from typing import Any
 
 from .. import spool
-from . import catchup, intake, offload, record
+from . import catchup, ctldrecord, intake, offload
 from ..config import Config
 from ..waiting import wait_until
 
@@ -199,7 +199,7 @@ def work(cfg: Config, fd: int, slurm: Any = None, open_store: Any = None) -> Cou
     seen = config_stamp(cfg)
     while True:
         cfg, seen = reloaded(cfg, seen)
-        record.ingest(cfg)  # what the C front recorded since the last look
+        ctldrecord.ingest(cfg)  # what the C front recorded since the last look
         now = time.time()
         docs = intake.entries(cfg)
         states = [(d, _ready(cfg, d, now)) for d in docs]
@@ -219,7 +219,7 @@ def work(cfg: Config, fd: int, slurm: Any = None, open_store: Any = None) -> Cou
         if catchup.maybe_run(cfg, batched.backend):
             continue  # jobs accounting has and the intake had not (catchup.py): drained with this slot
         os.close(fd)  # nothing left: the slot goes back, then one more look (see the module doc)
-        record.ingest(cfg)
+        ctldrecord.ingest(cfg)
         if not any(_ready(cfg, d, time.time()) is not False for d in intake.entries(cfg)):
             break
         got = _take_slot(cfg)

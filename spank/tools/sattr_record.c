@@ -7,14 +7,14 @@
  * bounded) to <[intake] queue_dir>/<key>.env, renamed into place, then starts an analysis
  * worker (python -m slurm_attr.hooks work) holding a free slot lock, if there is one, and exits
  * 0. It asks Slurm nothing and reads no user file. The worker turns each .env file into the
- * intake's pending record (pipeline/record.py).
+ * intake's pending record (pipeline/ctldrecord.py).
  *
  * Not fsynced unless [intake] hook_fsync = true: the two fsyncs were most of this hook's time
  * under load, and the job's end is durable in Slurm's accounting already, which the catch-up
  * (pipeline/catchup.py, run by `sattr retry` and the workers) reads back for any job a crash
  * left without a record. A crash can leave an empty or torn record instead: the record ends in
  * a trailer (SATTR_RECORD_END=<bytes before it>,<their CRC-32>) and the worker takes a
- * record whose trailer does not check as "ask accounting" (record.py).
+ * record whose trailer does not check as "ask accounting" (pipeline/ctldrecord.py).
  *
  * Whatever it cannot handle itself (a config it cannot read, an odd job id, an unwritable
  * queue) it hands to the Python hook, which handles everything: exec python -m

@@ -4,7 +4,7 @@ the job script: the plugstack's worker_hook= is for partition live only, see
 test_live_plugin.py), one rank asleep
 before a collective. One watcher per node runs here, in-process, as root, over each node's
 evidence dir (as tests/integration/test_live.py does). Gloo has no probe records, so the
-hang is found from the ranks' own Flight Recorder (frdetect.py); the watchers pull
+hang is found from the ranks' own Flight Recorder (hang/frdetect.py); the watchers pull
 ``fr_trace_json`` and ``dump_traceback`` from every rank, and the finding names the
 sleeping rank's line. Then a ``-t 1`` job that hangs: the dumps are taken before its time
 limit and its verdict says where the ranks were. Latencies are printed, not asserted.
@@ -20,7 +20,7 @@ import pytest
 from gloo_hang import line, write_train
 from slurm_attr import config as config_mod
 from slurm_attr.live import findings
-from slurm_attr.live.prekill import show_job
+from slurm_attr.live.prekill.exchange import show_job
 from slurm_attr.live.watcher import Watcher
 from slurm_attr.slurm.hostlist import expand
 

@@ -83,7 +83,7 @@ exec {HARNESS} run --plugin "$lib" --out "$SLURM_ATTR_DIR/h" --scenario {scenari
         assert state == "COMPLETED", state
         assert leader.slow.error is None, leader.slow.error
         print(f"\nlive slow {scenario}: {len(cycle_cost)} cycles of both watchers, median "
-              f"{statistics.median(cycle_cost) * 1000:.1f} ms (slow.py part of the leader's: median "
+              f"{statistics.median(cycle_cost) * 1000:.1f} ms (slow/anomalies.py part of the leader's: median "
               f"{statistics.median(slow_cost) * 1000:.2f} ms, max {max(slow_cost) * 1000:.2f} ms); "
               f"first slow finding {first_at if first_at is None else round(first_at, 1)} s after the "
               f"watch began; findings: {[(f['class'], f['ranks'], f['nodes']) for f in found]}")

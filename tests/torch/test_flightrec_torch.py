@@ -20,7 +20,7 @@ import pytest
 from slurm_attr import flightrec
 from slurm_attr.bundle import Bundle
 from slurm_attr.config import Config
-from slurm_attr.flightrec.html import render_html
+from slurm_attr.flightrec.matrixhtml import render_html
 from slurm_attr.flightrec.matrix import build_matrix
 
 pytestmark = [

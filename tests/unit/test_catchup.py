@@ -205,7 +205,7 @@ def test_the_cli_backend_asks_one_sacct_for_the_window_and_reads_its_rows():
 
 
 def test_jobs_that_ended_while_the_controller_side_was_off_are_left_alone(cfg):
-    from slurm_attr.pipeline import record
+    from slurm_attr.pipeline import ctldrecord
 
     acct = Acct([row("951", ended=NOW - 1200)])
     cfg.analysis.enabled = False
@@ -214,7 +214,7 @@ def test_jobs_that_ended_while_the_controller_side_was_off_are_left_alone(cfg):
     assert intake.off_until(cfg) == pytest.approx(time.time(), abs=5)
     os.utime(os.path.join(cfg.intake.queue_dir, intake.OFF_STAMP), (NOW - 1000, NOW - 1000))
     # a hook that finds the side off stamps the time (here: later than the job's end)
-    record.record_facts(cfg, {"SLURM_JOB_ID": "951"})
+    ctldrecord.record_facts(cfg, {"SLURM_JOB_ID": "951"})
     assert intake.off_until(cfg) > NOW - 1000
     cfg.analysis.enabled = True
     res = catchup.run(cfg, Acct([row("951", ended=NOW - 1200), row("952", ended=NOW + 100)]), now=NOW + 400)
@@ -222,11 +222,11 @@ def test_jobs_that_ended_while_the_controller_side_was_off_are_left_alone(cfg):
 
 
 def test_a_hook_stamps_only_the_file_the_catch_up_made(cfg):
-    from slurm_attr.pipeline import record
+    from slurm_attr.pipeline import ctldrecord
 
     cfg.analysis.enabled = False
     os.makedirs(cfg.intake.queue_dir)
-    record.record_facts(cfg, {"SLURM_JOB_ID": "961"})
+    ctldrecord.record_facts(cfg, {"SLURM_JOB_ID": "961"})
     assert intake.off_until(cfg) is None and os.listdir(cfg.intake.queue_dir) == []
     cfg.analysis.enabled = True
     catchup.run(cfg, Acct(), now=NOW)  # near miss: a catch-up ran, the file is there (time 0: never off)

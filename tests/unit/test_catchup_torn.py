@@ -11,7 +11,7 @@ import pytest
 
 from slurm_attr.config import load
 from slurm_attr.errors import SlurmUnavailable
-from slurm_attr.pipeline import attempt, finish, intake, pool, record
+from slurm_attr.pipeline import attempt, ctldrecord, finish, intake, pool
 from slurm_attr.slurm.cli import SACCT_FIELDS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,13 +49,13 @@ def test_the_fronts_record_checks_and_any_damage_does_not(front, tmp_path):
     proc, path = run_front(front, tmp_path)
     data = path.read_bytes()
     assert proc.returncode == 0 and data.endswith(b"\0") and b"SATTR_RECORD_END=" in data
-    body = record.checked_body(data)
-    assert body is not None and record.parse_env_record(body) == ENV  # C and Python agree on the CRC
+    body = ctldrecord.checked_body(data)
+    assert body is not None and ctldrecord.parse_env_record(body) == ENV  # C and Python agree on the CRC
     cut_at_a_variable = data[:data.index(b"SATTR_RECORD_END=")]
     for torn in (b"", data[:-1], data[:len(data) // 2], cut_at_a_variable,
                  data[:10] + b"\0" * 8 + data[18:],  # a block never written
                  data.replace(b"sattrtest", b"sattrtesu"), b"\0" * len(data)):
-        assert record.checked_body(torn) is None, torn[:40]
+        assert ctldrecord.checked_body(torn) is None, torn[:40]
 
 
 def test_the_front_fsyncs_only_with_hook_fsync(front, tmp_path):
@@ -70,7 +70,7 @@ def test_the_front_fsyncs_only_with_hook_fsync(front, tmp_path):
     assert (tmp_path / "trace").read_text().count("fsync(") == 2  # near miss: the record and the directory
     path.unlink()
     proc, path = run_front(front, tmp_path, "hook_fsync = false\n")
-    assert proc.returncode == 0 and path.is_file() and record.checked_body(path.read_bytes()) is not None
+    assert proc.returncode == 0 and path.is_file() and ctldrecord.checked_body(path.read_bytes()) is not None
 
 
 def test_a_hook_fsync_the_front_does_not_read_goes_to_the_python_hook(front, tmp_path):
@@ -85,7 +85,7 @@ def test_an_empty_record_becomes_a_pending_job_whose_facts_come_from_accounting(
     Path(cfg.intake.queue_dir, "77.env").write_bytes(b"")  # the crash came before the data reached the disk
     Path(cfg.intake.queue_dir, "78.r1.env").write_bytes(b"SLURM_JOB_ID=78\0SLURM_JOB_NO")  # cut
     proc, _path = run_front(front, tmp_path, job="79")  # near miss: a whole record
-    assert record.ingest(cfg) == 3 and not [n for n in os.listdir(cfg.intake.queue_dir) if n.endswith(".env")]
+    assert ctldrecord.ingest(cfg) == 3 and not [n for n in os.listdir(cfg.intake.queue_dir) if n.endswith(".env")]
     torn = intake.load(cfg, "77")
     assert torn["job"] == {"job_id": "77", "slurm_job_id": "77", "facts_source": "torn"} and "torn" in torn["note"]
     assert intake.load(cfg, "78.r1")["job"] == {"job_id": "78", "slurm_job_id": "78", "facts_source": "torn",
@@ -98,7 +98,7 @@ def test_a_torn_record_beside_an_entry_keeps_the_entrys_facts(cfg):
     intake.record(cfg, "81", {"job_id": "81", "slurm_job_id": "81", "user": "bob", "facts_source": "sacct"})
     Path(cfg.intake.queue_dir, "81.env").write_bytes(b"")
     Path(cfg.intake.queue_dir, "notajob.env").write_bytes(b"")
-    assert record.ingest(cfg) == 2
+    assert ctldrecord.ingest(cfg) == 2
     assert intake.load(cfg, "81")["job"]["user"] == "bob" and intake.keys(cfg) == {"81"}
 
 
@@ -123,7 +123,7 @@ def _row(raw, job_id):
 def test_the_analysis_of_a_torn_record_asks_accounting_for_its_facts(cfg, monkeypatch):
     os.makedirs(cfg.intake.queue_dir)
     Path(cfg.intake.queue_dir, "91.env").write_bytes(b"")
-    record.ingest(cfg)
+    ctldrecord.ingest(cfg)
     seen = {}
 
     def finish_job(cfg_, slurm, store, bdir, job_facts=None, progress=None, **kw):
@@ -139,7 +139,7 @@ def test_the_analysis_of_a_torn_record_asks_accounting_for_its_facts(cfg, monkey
 def test_a_torn_record_with_accounting_down_stays_pending(cfg, monkeypatch):
     os.makedirs(cfg.intake.queue_dir)
     Path(cfg.intake.queue_dir, "92.env").write_bytes(b"")
-    record.ingest(cfg)
+    ctldrecord.ingest(cfg)
     monkeypatch.setattr(finish, "finish_job", lambda *a, **k: pytest.fail("analysed without its facts"))
     out = attempt.process(cfg, "92", slurm=Acct({}, down=True), open_store=lambda c: None, retry_for_s=0)
     doc = intake.load(cfg, "92")

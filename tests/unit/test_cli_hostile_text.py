@@ -19,9 +19,10 @@ from slurm_attr.cli import fr as fr_cli
 from slurm_attr.cli import jobs as jobs_cli
 from slurm_attr.cli import main
 from slurm_attr.cli import ops as ops_cli
-from slurm_attr.flightrec.html import render_html
+from slurm_attr.flightrec.matrixhtml import render_html
 from slurm_attr.flightrec.matrix import Matrix
-from slurm_attr.live import findings, frdetect
+from slurm_attr.live import findings
+from slurm_attr.live.hang import frdetect
 from slurm_attr.live import livespool as live_store
 from slurm_attr.model import Action, Coverage, Evidence, Symptom, Verdict, Status
 from slurm_attr.store import Store

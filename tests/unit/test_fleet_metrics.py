@@ -166,7 +166,7 @@ def test_reanalysis_keeps_the_first_latency(st):
 
 
 def test_gpu_time_spared_by_live_cancels_is_summed():
-    """A hang the watcher cancelled spared its GPUs' time left (prekill.py's gpu_minutes_saved):
+    """A hang the watcher cancelled spared its GPUs' time left (prekill/exchange.py's gpu_minutes_saved):
     summed per node and in the metrics. Near misses: a cancel that was withheld or refused,
     and a hostile number, spare nothing."""
     from slurm_attr.live.evidence import saved_gpu_minutes as saved_of

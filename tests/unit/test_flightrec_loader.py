@@ -93,7 +93,7 @@ def test_parallel_load_equals_serial(gen_fr, tmp_path: Path, monkeypatch) -> Non
         assert par.traces[r].streams.keys() == ser.traces[r].streams.keys()
         for k, st in par.traces[r].streams.items():
             assert st.sigs == ser.traces[r].streams[k].sigs
-    # every field, as the workers sent them (wire.py) and as read here
+    # every field, as the workers sent them (tracewire.py) and as read here
     assert par.traces == ser.traces
     assert par.traces[9] != par.traces[8]  # near miss: the comparison sees a difference
 

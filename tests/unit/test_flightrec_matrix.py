@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from slurm_attr import flightrec
 from slurm_attr.cli import main
-from slurm_attr.flightrec.html import render_html
+from slurm_attr.flightrec.matrixhtml import render_html
 from slurm_attr.flightrec.matrix import NOT_REACHED, build_matrix, render_text
 
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)

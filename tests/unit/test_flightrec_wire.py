@@ -1,4 +1,4 @@
-"""The plain form a loader worker sends its traces in (flightrec/wire.py): every field of a
+"""The plain form a loader worker sends its traces in (flightrec/tracewire.py): every field of a
 RankTrace comes back as it was, whatever its streams hold."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pickle
 from array import array
 
 from slurm_attr.flightrec.types import NO_SIG, P2PStream, PgStatus, RankTrace, Stream
-from slurm_attr.flightrec.wire import from_wire, to_wire
+from slurm_attr.flightrec.tracewire import from_wire, to_wire
 
 
 def _trace() -> RankTrace:

@@ -1,4 +1,4 @@
-"""The JSON shapes of issue 27 (jsonshape, rasshape, prekillshape, findingshape, bundleshape):
+"""The JSON shapes of issue 27 (jsonshape, rasshape, exchangeshape, findingshape, bundleshape):
 per shape a good document, a near miss (one field of the wrong type or out of bounds) and
 what the reader does with it: the same outcome the hand-written checks had."""
 from __future__ import annotations
@@ -13,7 +13,9 @@ import pytest
 
 from slurm_attr import jsonshape
 from slurm_attr.bundle import Bundle
-from slurm_attr.live import findings, prekill, prekillevidence, rasreport, livespool
+from slurm_attr.live import findings, livespool
+from slurm_attr.live.prekill import exchange as prekill, prekillevidence
+from slurm_attr.live.ras import rasreport
 
 RAS = Path(__file__).resolve().parents[1] / "fixtures" / "ras"
 STRAGGLER = "78db921d1c117b4a"
@@ -91,7 +93,7 @@ def test_ras_json_a_huge_or_bool_rank_is_one_dropped_entry():
     assert _comm(rasreport.parse(json.dumps(doc)), STRAGGLER)["status"]["ABORT"]["ranks"] == [2]
 
 
-# ---- the pre-kill exchange (prekillshape) ------------------------------------------------
+# ---- the pre-kill exchange (exchangeshape) -----------------------------------------------
 def _req(tmp_path, **doc):
     livespool.write_json(str(tmp_path), "", prekill.req_name("0"), {"job": "5", "step": "0", "reason": "hang", **doc})
 
@@ -130,7 +132,7 @@ def test_node_results_keep_the_good_rows():
     assert prekill.agreement({"source": "snapshot"}, [near]).startswith("Flight Recorder: 1 rank")
 
 
-# ---- the findings document (findingshape) and its stacks (prekillshape.LiveDoc) ----------
+# ---- the findings document (findingshape) and its stacks (exchangeshape.LiveDoc) ---------
 def _spool(tmp_path):
     spool = str(tmp_path / "spool")
     os.makedirs(spool)

@@ -1,5 +1,5 @@
 """A bundle with no probe directory and a job with no live spool directory (most jobs) are
-answered without the probe's reader and rules and without the live evidence modules (slow.py
+answered without the probe's reader and rules and without the live evidence modules (slow/anomalies.py
 pulls statistics, decimal, fractions): the same symptoms and coverage the full paths give,
 and none of their modules imported. Near misses (a probe record, an empty or symlinked probe
 directory, a live spool directory) take the full path."""
@@ -20,8 +20,8 @@ from slurm_attr.config import Config
 from slurm_attr.live import findings, livespool
 from slurm_attr.probe.synth import SlotSpec, record_bytes, write_bundle
 
-HEAVY = ("slurm_attr.live.evidence", "slurm_attr.live.slow", "slurm_attr.live.slowevidence",
-         "slurm_attr.live.prekillevidence", "slurm_attr.probe.entry", "slurm_attr.probe.reader",
+HEAVY = ("slurm_attr.live.evidence", "slurm_attr.live.slow.anomalies", "slurm_attr.live.slow.slowevidence",
+         "slurm_attr.live.prekill.prekillevidence", "slurm_attr.probe.entry", "slurm_attr.probe.reader",
          "slurm_attr.probe.record")
 JOB = "4242"
 
@@ -186,7 +186,7 @@ def test_a_live_spool_dir_for_the_job_takes_the_full_path(tmp_path, spies, what)
 
 def test_lazy_names_resolve():
     assert probe.reader.SOURCE == "probe" and probe.layout is not None
-    assert live.livespool is livespool and live.slowevidence.postmortem is not None
+    assert live.livespool is livespool and live.slow.slowevidence.postmortem is not None
     from slurm_attr.live import analyze as live_analyze
     from slurm_attr.probe import analyze as probe_analyze
     assert live_analyze is live.analyze and probe_analyze is probe.analyze

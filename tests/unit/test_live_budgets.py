@@ -233,7 +233,7 @@ def test_older_dumps_go_first_then_the_largest_and_never_the_collections_own(tmp
 
 def test_a_collection_over_the_nodes_budget_keeps_what_fits_and_says_what_not(servers, tmp_path):
     from slurm_attr.config import Live
-    from slurm_attr.live.prekill import NodeDumps, req_name
+    from slurm_attr.live.prekill.exchange import NodeDumps, req_name
     from slurm_attr.live import livespool
 
     big = json.dumps(dict(GOOD, pad="p" * (3 << 20))).encode()  # 3 MiB FR each
@@ -254,7 +254,7 @@ def test_a_collection_over_the_nodes_budget_keeps_what_fits_and_says_what_not(se
 
 def test_sattr_live_says_what_the_budget_did_not_keep_and_what_was_cancelled():
     from slurm_attr.live import findings
-    from slurm_attr.live.prekill import summarize
+    from slurm_attr.live.prekill.exchange import summarize
 
     res = [{"job": "5", "node": "n1", "seq": 1, "time_ns": 2_000_000_000, "pipes": {},
             "ranks": {"3": {"fr_dropped": "not kept: 16777216 bytes over this node's live budget for the job "

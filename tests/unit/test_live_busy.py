@@ -1,4 +1,4 @@
-"""The learned threshold (threshold.py, detect.py) and busy-is-not-stuck (busy.py, procstat.py)
+"""The learned threshold (hang/threshold.py, hang/detect.py) and busy-is-not-stuck (hang/busy.py, hang/procstat.py)
 at the default [live] settings: synthetic probe records rewritten every cycle on a virtual
 clock, and stand-ins for the ranks' /proc counters and worker-server stacks."""
 from __future__ import annotations
@@ -8,8 +8,9 @@ import os
 import pytest
 
 from slurm_attr.config import Config
-from slurm_attr.live import busy, findings, gpustat, procstat, threshold
-from slurm_attr.live.threshold import Gaps, learned
+from slurm_attr.live import findings
+from slurm_attr.live.hang import busy, gpustat, procstat, threshold
+from slurm_attr.live.hang.threshold import Gaps, learned
 from slurm_attr.live.watcher import Watcher
 from slurm_attr.probe.synth import SlotSpec, record_bytes
 

@@ -12,7 +12,7 @@ import pytest
 
 from slurm_attr.config import Config
 from slurm_attr.errors import SlurmUnavailable
-from slurm_attr.live import prekill
+from slurm_attr.live.prekill import exchange as prekill
 from slurm_attr.slurm import pyslurm_backend as pb
 from slurm_attr.slurm.cancel import CancelRefused, cancel_target
 from slurm_attr.slurm.cli import CliSlurm

@@ -1,7 +1,7 @@
 """Evidence before the kill, the exchange: FR-poll detection for jobs without probe
-records (frdetect.py), the leader's dump request, every node's answer, the finding's stuck
+records (hang/frdetect.py), the leader's dump request, every node's answer, the finding's stuck
 lines, the dumps before the job's end, ``on_hang = cancel`` only when two sources agree,
-and the post-mortem reading the pre-kill FR (prekill.py, prekillevidence.py). Servers are
+and the post-mortem reading the pre-kill FR (prekill/exchange.py, prekill/prekillevidence.py). Servers are
 fakes that answer with replies captured from torch 2.13 (tests/fixtures/live_dumps)."""
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from unix_servers import UnixServer
 
 from slurm_attr.bundle import Bundle
 from slurm_attr.config import Config, ConfigError, from_dict
-from slurm_attr.live import findings, prekill, prekillevidence
-from slurm_attr.live.frdetect import FrTracker
+from slurm_attr.live import findings
+from slurm_attr.live.prekill import exchange as prekill, prekillevidence
+from slurm_attr.live.hang.frdetect import FrTracker
 from slurm_attr.live.watcher import Watcher
 from slurm_attr.slurm.cli import CliSlurm
 

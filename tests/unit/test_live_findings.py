@@ -15,9 +15,10 @@ from click.testing import CliRunner
 from slurm_attr.bundle import Bundle
 from slurm_attr.cli import main
 from slurm_attr.config import Config
-from slurm_attr.live import analyze, classify, findings, livespool
-from slurm_attr.live.classify import from_summaries
-from slurm_attr.live.detect import Hang
+from slurm_attr.live import analyze, findings, livespool
+from slurm_attr.live.hang import classify
+from slurm_attr.live.hang.classify import from_summaries
+from slurm_attr.live.hang.detect import Hang
 from slurm_attr.live.watcher import Watcher
 
 AR = 4
@@ -170,7 +171,7 @@ def test_entry_point_takes_the_node_from_slurmstepd_not_the_job(tmp_path, monkey
     monkeypatch.setattr(Watcher, "leave", lambda self: None)  # keep the summary to look at
     # The leader reads EndTime with scontrol in a thread: not here (no Slurm; and a child left
     # running would be reaped by whichever later test waits for any child).
-    monkeypatch.setattr("slurm_attr.live.prekill.show_job", lambda cfg, job: None)
+    monkeypatch.setattr("slurm_attr.live.prekill.exchange.show_job", lambda cfg, job: None)
     # The watcher drops to SCHED_IDLE + nice 19 and caps its memory for good: in this process
     # that would starve the rest of the suite beside any CPU-heavy neighbour (it did, under
     # stress-ng). Recorded here, checked for real in a child below.

@@ -1,11 +1,11 @@
-"""The busy check's GPU signal (gpustat.py, busy.py): nvidia-smi's answers parsed from captured
+"""The busy check's GPU signal (hang/gpustat.py, hang/busy.py): nvidia-smi's answers parsed from captured
 text, no signal without the tool, and a rank whose GPU computes counted as moving (beside one
 whose GPU is idle, and one whose GPU is not reported)."""
 from __future__ import annotations
 
 import os
 
-from slurm_attr.live import busy, gpustat, procstat
+from slurm_attr.live.hang import busy, gpustat, procstat
 from slurm_attr.live.dumps import Limits
 
 # nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory --format=csv,noheader,nounits

@@ -1,4 +1,4 @@
-"""NCCL RAS as a second opinion on a hang (live/ras.py, live/rasreport.py, prekill.cancel).
+"""NCCL RAS as a second opinion on a hang (live/ras/opinion.py, live/ras/rasreport.py, prekill.cancel).
 
 The reports are NCCL's as published (NCCL's RAS walkthrough for 2.30.7, NVIDIA/nccl issues
 for 2.26.2 and 2.27.3, the user guide for 2.24) or rebuilt from its format strings
@@ -18,7 +18,8 @@ from unix_servers import RasServer
 
 from slurm_attr.config import Config, ConfigError, from_dict
 from slurm_attr.configcheck import host_port
-from slurm_attr.live import prekill, ras, rasreport
+from slurm_attr.live.prekill import exchange as prekill
+from slurm_attr.live.ras import opinion as ras, rasreport
 from slurm_attr.slurm.cli import CliSlurm
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "ras"

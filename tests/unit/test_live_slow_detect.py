@@ -1,4 +1,4 @@
-"""Slow anomalies (slurm_attr/live/slow.py) on synthetic summaries, cycle by cycle as the
+"""Slow anomalies (slurm_attr/live/slow/anomalies.py) on synthetic summaries, cycle by cycle as the
 leader sees them: S1 straggler, S2 slow link, S3 slow phase, each beside the near miss that
 must not fire (a random last rank, one late collective, a lead under the clock's resolution;
 uniform slowness, a transient wait; one slow collective, a slowdown one rank causes)."""
@@ -11,7 +11,7 @@ import pytest
 
 from slurm_attr.config import Config, ConfigError, from_dict
 from slurm_attr.live import findings
-from slurm_attr.live.slow import SlowTracker, stride
+from slurm_attr.live.slow.anomalies import SlowTracker, stride
 from slurm_attr.probe import layout as L
 
 H = "9e3779b97f4a7c15"

@@ -12,7 +12,7 @@ from slurm_attr.bundleanalysis import run_bundle
 from slurm_attr.bundle import Bundle
 from slurm_attr.config import Config
 from slurm_attr.live import analyze, findings
-from slurm_attr.live.slow import node_part, ring_entries
+from slurm_attr.live.slow.anomalies import node_part, ring_entries
 from slurm_attr.live.watcher import Watcher
 from slurm_attr.probe import layout as L
 from slurm_attr.probe.record import parse

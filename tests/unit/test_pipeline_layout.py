@@ -5,7 +5,7 @@ import ast
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[2] / "slurm_attr"
-STAGES = ["intake", "record", "settle", "catchup", "reconcile", "finish"]  # the record first: every stage reads it
+STAGES = ["intake", "ctldrecord", "settle", "catchup", "reconcile", "finish"]  # the record first: every stage reads it
 DRIVERS = ["attempt", "pool"]
 
 

@@ -7,7 +7,7 @@ from datetime import datetime
 import pytest
 
 from slurm_attr.model import Coverage, Evidence, Symptom
-from slurm_attr.reason import attempt, contradiction, firstfailure, netloc
+from slurm_attr.reason import contradiction, firstfailure, jobattempt, netloc
 from slurm_attr.reason.timeline import Clock, line_time
 from slurm_attr.rules.template import fill
 from slurm_attr.verdict import decide
@@ -146,7 +146,7 @@ def test_earlier_attempts_lines_are_context():
     old = sym("slurm.cancel_node_failure", "node_failure",
               "slurmstepd: error: *** JOB 9 ON n2 CANCELLED AT 2024-05-02T08:41:13 DUE TO NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***", line=2)
     new = sym("python.exception", "user_error", "0: [rank0]: RuntimeError: PytorchStreamReader failed reading zip archive", rank=0, line=7)
-    stale = attempt.mark_earlier([old, new], {**JOB, "restart_count": 1})
+    stale = jobattempt.mark_earlier([old, new], {**JOB, "restart_count": 1})
     assert stale == [old] and old.role == "context" and "earlier attempt" in old.status.earlier
     assert new.role == "root"
 
@@ -154,7 +154,7 @@ def test_earlier_attempts_lines_are_context():
 def test_near_miss_a_node_failure_of_this_attempt_is_not_earlier():
     now = sym("slurm.cancel_node_failure", "node_failure",
               "slurmstepd: error: *** JOB 9 ON n2 CANCELLED AT 2024-05-02T09:51:13 DUE TO NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***")
-    assert attempt.mark_earlier([now], {**JOB, "restart_count": 1, "state": "NODE_FAIL"}) == []
+    assert jobattempt.mark_earlier([now], {**JOB, "restart_count": 1, "state": "NODE_FAIL"}) == []
     assert now.role == "root"
 
 
@@ -168,7 +168,7 @@ def test_a_failure_before_torchruns_restart_was_survived():
     err = sym("python.exception", "user_error", "5: ValueError: too many values to unpack (expected 2)", rank=5, line=90)
     xid = sym("gpu.xid_79", "gpu_hardware", "[Thu May  2 09:10:00 2024] NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.",
               trusted=True, node="n1", action="drain", line=3)
-    assert attempt.mark_survived([oom, restart, err, xid]) == [oom]
+    assert jobattempt.mark_survived([oom, restart, err, xid]) == [oom]
     assert oom.role == "context" and "lived through" in oom.status.earlier and err.role == "root"
     assert xid.role == "root" and xid.action == "drain"  # a broken GPU stays broken across a restart
 
@@ -178,7 +178,7 @@ def test_near_miss_without_a_restart_nothing_was_survived():
     start = sym("torch.elastic_start", "unknown", "INFO:torch.distributed.elastic.agent.server.api:[default] Starting worker group",
                 role="context", line=55)
     err = sym("python.exception", "user_error", "5: ValueError: boom", rank=5, line=90)
-    assert attempt.mark_survived([oom, start, err]) == [] and oom.role == "root"
+    assert jobattempt.mark_survived([oom, start, err]) == [] and oom.role == "root"
 
 
 def test_the_verdict_takes_the_error_after_the_last_restart():

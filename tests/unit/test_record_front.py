@@ -11,7 +11,7 @@ import pytest
 
 from slurm_attr.collect.jobstate import facts_from_env
 from slurm_attr.config import load
-from slurm_attr.pipeline import intake, record
+from slurm_attr.pipeline import ctldrecord, intake
 
 REPO = Path(__file__).resolve().parents[2]
 FRONT = REPO / "spank" / "build" / "sattr-record"
@@ -66,10 +66,10 @@ def test_the_record_holds_the_hook_environment_and_ingests_to_the_python_hooks_e
     proc, cfg, calls, _took = site(hold_slots=2)  # every slot busy: no worker started
     assert proc.returncode == 0 and calls == ""
     data = Path(cfg.intake.queue_dir, "662.env").read_bytes()
-    env = record.parse_env_record(data)
+    env = ctldrecord.parse_env_record(data)
     assert env == ENV  # PATH, HOME and the config variables are not the job's facts: left out
     assert intake.keys(cfg) == {"662"}  # pending before any worker read it
-    assert record.ingest(cfg) == 1
+    assert ctldrecord.ingest(cfg) == 1
     assert not Path(cfg.intake.queue_dir, "662.env").exists()
     job = intake.load(cfg, "662")["job"]
     assert job == {**facts_from_env(ENV), "opted_out": False}
@@ -118,7 +118,7 @@ def test_a_config_it_does_not_read_goes_to_the_python_hook(front, tmp_path):
 def test_a_requeued_job_is_its_own_key(front, site):
     proc, cfg, _calls, _took = site(env={**ENV, "SLURM_JOB_RESTART_COUNT": "2"}, hold_slots=2)
     assert Path(cfg.intake.queue_dir, "662.r2.env").is_file()
-    assert record.ingest(cfg) == 1 and intake.keys(cfg) == {"662.r2"}
+    assert ctldrecord.ingest(cfg) == 1 and intake.keys(cfg) == {"662.r2"}
 
 
 def test_a_record_that_cannot_be_recorded_now_stays(tmp_path):
@@ -131,11 +131,11 @@ def test_a_record_that_cannot_be_recorded_now_stays(tmp_path):
     orig = im._atomic_write
     try:
         im._atomic_write = lambda path, doc: (_ for _ in ()).throw(OSError(28, "No space left on device"))
-        assert record.ingest(cfg) == 0 and Path(cfg.intake.queue_dir, "5.env").exists()
+        assert ctldrecord.ingest(cfg) == 0 and Path(cfg.intake.queue_dir, "5.env").exists()
     finally:
         im._atomic_write = orig
         os.chmod(cfg.intake.queue_dir, 0o700)
-    assert record.ingest(cfg) == 1 and intake.keys(cfg) == {"5"}
+    assert ctldrecord.ingest(cfg) == 1 and intake.keys(cfg) == {"5"}
 
 
 def test_the_worker_starts_at_the_lowest_priority_before_its_interpreter(front, tmp_path):

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .nodeview import pending
+from ..nodeview import pending
 from .threshold import MAX_COMMS, Gaps, learned
 
 ADAPT = 4.0  # the threshold is at least this many times the longest stall seen to end

@@ -1,4 +1,4 @@
-"""The node's part of the slow anomalies (slow.py): every local record's header ring, read
+"""The node's part of the slow anomalies (anomalies.py): every local record's header ring, read
 again from its file (the post-mortem reader keeps only the slots), into the summary's
 ``slow`` key: per communicator and comm rank, [[opi, entry time in wall-clock us, func], ...].
 
@@ -19,10 +19,10 @@ from __future__ import annotations
 import os
 from typing import Any, Iterable
 
-from .. import safefs
-from ..errors import UnsafePath
-from ..probe import layout as L
-from ..probe.record import RankRecord
+from ... import safefs
+from ...errors import UnsafePath
+from ...probe import layout as L
+from ...probe.record import RankRecord
 
 VERSION = 1
 STRIDE_RANKS = 256  # above this many ranks a communicator's collectives are sampled

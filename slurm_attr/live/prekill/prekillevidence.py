@@ -14,12 +14,12 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .. import jsonshape
-from ..bundle import Bundle
-from ..config import Config
-from ..model import Coverage, Evidence, Symptom
-from . import findings, livespool
-from .prekillshape import LiveDoc, Summary
+from ... import jsonshape
+from ...bundle import Bundle
+from ...config import Config
+from ...model import Coverage, Evidence, Symptom
+from .. import findings, livespool
+from .exchangeshape import LiveDoc, Summary
 
 STACKS_ID = "live.stacks"
 MAX_STEPS = 8
@@ -32,7 +32,7 @@ def _bundle_has_fr(bundle: Bundle) -> bool:
 def fr_symptoms(bundle: Bundle, cfg: Config, job: str) -> tuple[list[Symptom], list[Coverage]]:
     if _bundle_has_fr(bundle):
         return [], []
-    from .. import flightrec
+    from ... import flightrec
 
     base = os.path.join(livespool.job_dir(cfg.paths.spool, job), "dumps")
     try:

@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from .. import jsonshape
+from ... import jsonshape
 from . import rasshape
 
 MAX_LINES = 20_000

@@ -29,8 +29,8 @@ What each is measured from (all of it job-written, hostile, bounded):
   a jump by ``phase_factor`` for every rank (the 10th percentile moved too) while no rank
   enters late (the last-rank gap stays small: not a straggler).
 
-The node's part (reading the rings, thinned for large jobs) is slowring.py; the leader's join
-of their entries into collectives, per communicator, slowjoin.py.
+The node's part (reading the rings, thinned for large jobs) is ring.py; the leader's join
+of their entries into collectives, per communicator, join.py.
 """
 from __future__ import annotations
 
@@ -40,10 +40,10 @@ import time
 from collections import Counter
 from typing import Any
 
-from ..probe import layout as L
-from ..probe.comms import iso
-from .slowjoin import Joined
-from .slowring import VERSION, node_part, ring_entries, stride
+from ...probe import layout as L
+from ...probe.comms import iso
+from .join import Joined
+from .ring import VERSION, node_part, ring_entries, stride
 
 __all__ = ["SlowTracker", "node_part", "ring_entries", "stride"]
 

@@ -1,4 +1,4 @@
-"""Slow findings (slow.py: S1-S3) as post-mortem evidence, symptom ``live.slow``.
+"""Slow findings (anomalies.py: S1-S3) as post-mortem evidence, symptom ``live.slow``.
 
 Untrusted *context* only: cause "none", so a slow finding is never a verdict's root, never an
 alternative cause and never carries an action; it says what slowed the job, beside whatever
@@ -12,13 +12,13 @@ import dataclasses
 import time
 from typing import Any
 
-from ..bundle import Bundle
-from ..config import Config
-from ..model import Evidence, Symptom
-from ..probe.reader import READ_BUDGET_S, read_node
-from . import findings, livespool
-from .nodeview import current
-from .slow import KIND, MAX_SLOW, SlowTracker, is_int, node_part
+from ...bundle import Bundle
+from ...config import Config
+from ...model import Evidence, Symptom
+from ...probe.reader import READ_BUDGET_S, read_node
+from .. import findings, livespool
+from ..nodeview import current
+from .anomalies import KIND, MAX_SLOW, SlowTracker, is_int, node_part
 
 SYMPTOM_ID = "live.slow"
 PM_MIN_SAMPLES = 20  # the final records' rings hold 60 operations (all communicators) per rank

@@ -1,4 +1,4 @@
-"""The shapes of the pre-kill exchange's spool files (prekill.py), as their readers use them.
+"""The shapes of the pre-kill exchange's spool files (exchange.py), as their readers use them.
 
 Both files are root's and written by a watcher of ours, but by the watcher release on that
 node: during a rolling upgrade the leader and the nodes may run different releases and

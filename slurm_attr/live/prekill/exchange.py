@@ -28,16 +28,17 @@ import time
 from datetime import datetime
 from typing import Any, Callable
 
-from .. import jsonshape, safefs
-from ..collect.jobstate import tres_gpus
-from ..config import Config, Live
-from ..errors import SattrError, UnsafePath
-from ..probe.comms import iso
-from ..slurm import from_config
-from ..slurm.cancel import CancelRefused
-from . import budget, dumps, ras, livespool
-from .prekillshape import DumpRequest, NodeHead, NodeResult
-from .workerclient import PeerCheck
+from ... import jsonshape, safefs
+from ...collect.jobstate import tres_gpus
+from ...config import Config, Live
+from ...errors import SattrError, UnsafePath
+from ...probe.comms import iso
+from ...slurm import from_config
+from ...slurm.cancel import CancelRefused
+from .. import budget, dumps, livespool
+from ..ras import opinion as ras
+from ..workerclient import PeerCheck
+from .exchangeshape import DumpRequest, NodeHead, NodeResult
 
 REQ_CAP = 64 << 10
 RESULT_CAP = 1 << 20
@@ -175,7 +176,7 @@ class LeaderDumps:
                  slurm: Any = None, uid: int | None = None, started: float | None = None,
                  busy: Callable[[dict[str, Any]], str | None] | None = None):
         self.cfg, self.job, self.step, self.live_dir, self.nnodes = cfg, job, step, live_dir, nnodes
-        self.busy = busy  # why the finding's ranks are busy now (busy.py): no cancel then
+        self.busy = busy  # why the finding's ranks are busy now (hang/busy.py): no cancel then
         self.end_ns, self.gpus = end_ns, gpus
         self._show = show_job
         # What cancels (a SlurmAccess; from the config when first needed) and what it checks the
@@ -269,7 +270,7 @@ class LeaderDumps:
     def cancel(self, f: dict[str, Any], res: list[dict[str, Any]]) -> dict[str, Any]:
         """scancel only when two sources agree: the probe saw no progress, and the ranks'
         own FR shows a collective under way (or their stacks are inside torch.distributed)
-        or NCCL's RAS sees that communicator stuck (ras.py; asked with ``[live] ras = auto``,
+        or NCCL's RAS sees that communicator stuck (ras/opinion.py; asked with ``[live] ras = auto``,
         bounded by ``ras_timeout_s``). ``sources`` and ``ras`` record who agreed and what RAS said."""
         busy = self.busy(f) if self.busy is not None else None
         if busy:  # busy is not stuck, whatever the threshold said: never cancel a working rank

@@ -1,5 +1,5 @@
-"""The leader's join of the nodes' ring entries (slowring.py) into collectives, per
-communicator, for the slow anomalies (slow.py: S1 straggler, S3 slow phase).
+"""The leader's join of the nodes' ring entries (ring.py) into collectives, per
+communicator, for the slow anomalies (anomalies.py: S1 straggler, S3 slow phase).
 
 Ranks agree on a collective's per-communicator index (opi), so the same opi across every
 rank of a communicator is one collective; once every rank's entry of it is in, it moves to
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from typing import Any
 
-from .slowring import MAX_SPAN
+from .ring import MAX_SPAN
 
 MAX_PENDING = 64  # collectives waiting for some rank's entry, per communicator
 

@@ -12,7 +12,7 @@ as for the probe, to ADAPT x the longest such span that ended in progress). The
 ranks that enqueued fewer collectives than the waiting ones and have nothing under way
 never entered the collective the others wait in (H1, ``rank_stuck``); when every rank
 waits at the same collective, it is unlocalised (H0, ``comm_hang``). One source only: a
-finding from here never justifies ``on_hang = cancel`` by itself (prekill.py).
+finding from here never justifies ``on_hang = cancel`` by itself (prekill/exchange.py).
 """
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import jobtext
-from ..probe.comms import iso
+from ... import jobtext
+from ...probe.comms import iso
 from .detect import ADAPT
 
 MAX_PGS = 256

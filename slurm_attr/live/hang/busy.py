@@ -26,10 +26,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import UnsafePath
-from . import gpustat, procstat, livespool
-from .dumps import Limits, fetch_stacks, main_thread, parse_traceback
-from .nodeview import pending
+from ...errors import UnsafePath
+from .. import livespool
+from ..dumps import Limits, fetch_stacks, main_thread, parse_traceback
+from ..nodeview import pending
+from . import gpustat, procstat
 
 FROZEN_S = 5.0  # counters still this long: the rank is not moving
 CPU_SHARE = 0.05  # of one core over a cycle: less is a sleeping (or blocked) process

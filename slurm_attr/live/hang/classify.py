@@ -18,12 +18,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..bundle import Bundle
-from ..config import Config
-from ..errors import BundleError
-from ..probe import analyze as probe_analyze
-from ..probe import layout as L
-from ..probe.comms import iso
+from ...bundle import Bundle
+from ...config import Config
+from ...errors import BundleError
+from ...probe import analyze as probe_analyze
+from ...probe import layout as L
+from ...probe.comms import iso
 from .detect import Hang
 
 CLASSES = {"probe.non_entry": ("H1", "rank_stuck"), "probe.inconsistent": ("H2", "collective_mismatch"),

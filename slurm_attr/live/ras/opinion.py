@@ -35,8 +35,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..configcheck import host_port
-from . import rasreport, livespool
+from ...configcheck import host_port
+from .. import livespool
+from . import rasreport
 
 PROTOCOL = 2
 CAP = 1 << 20  # the report; a 4096-rank verbose text report is far below

@@ -51,26 +51,30 @@ uninstall:
 
 # Each stage runs even when an earlier one failed, so one run reports everything; the
 # exit status is the first failure's. pytest's exit 5 (no tests collected) is a failure.
-# The versions stage (two clusters in namespaces of their own) runs beside the 22.05 stages: the
-# suites mostly wait on Slurm (the machine is ~80 % idle under one of them), so three clusters
-# take about as long as one. Its output comes after theirs; each stage's wall time is printed at
-# the end (the suite's budget: 25 min warm).
-VERSIONS_LOG ?= /var/cache/sattr-versions/logs/make-test-versions.log
+# Three lanes: the versions stage (two clusters in namespaces of their own) from the start; the
+# native build and its tests, then the 22.05 integration suite; the unit tests beside that suite
+# once the native build is done (some use its outputs). The cluster suites mostly wait on Slurm
+# (the machine is ~80 % idle under one of them). The lanes beside the suite write to logs shown
+# after it; each stage's wall time is printed at the end (the suite's budget: 25 min warm).
+LANE_LOGS ?= /var/cache/sattr-versions/logs
 test: deps
-	@rc=0; t0=$$(date +%s); times=""; \
-	mkdir -p $$(dirname $(VERSIONS_LOG)); rm -f $(VERSIONS_LOG).rc; \
-	( s=$$(date +%s); r=0; $(MAKE) --no-print-directory test-versions > $(VERSIONS_LOG) 2>&1 || r=$$?; \
-	  echo "$$r $$(( $$(date +%s) - s ))" > $(VERSIONS_LOG).rc ) & vpid=$$!; \
-	echo "make test: test-versions started beside the 22.05 stages (log: $(VERSIONS_LOG))"; \
-	for stage in native unit integration; do \
+	@rc=0; t0=$$(date +%s); times=""; mkdir -p $(LANE_LOGS); \
+	lane() { s=$$(date +%s); r=0; $(MAKE) --no-print-directory test-$$1 > $(LANE_LOGS)/make-test-$$1.log 2>&1 || r=$$?; \
+	         echo "$$r $$(( $$(date +%s) - s ))" > $(LANE_LOGS)/make-test-$$1.rc; }; \
+	joined() { wait $$2; cat $(LANE_LOGS)/make-test-$$1.log; r=1; secs=?; read -r r secs < $(LANE_LOGS)/make-test-$$1.rc || true; \
+	           [ $$r = 0 ] || [ $$rc != 0 ] || rc=$$r; times="$$times  test-$$1 (beside): $$secs s (exit $$r)\n"; }; \
+	rm -f $(LANE_LOGS)/make-test-*.rc; \
+	lane versions & vpid=$$!; \
+	echo "make test: test-versions runs beside the 22.05 stages (log: $(LANE_LOGS)/make-test-versions.log)"; \
+	for stage in native integration; do \
 		s=$$(date +%s); r=0; \
+		if [ $$stage = integration ]; then lane unit & upid=$$!; \
+			echo "make test: test-unit runs beside the integration suite (log: $(LANE_LOGS)/make-test-unit.log)"; fi; \
 		$(MAKE) --no-print-directory test-$$stage || r=$$?; \
 		[ $$r = 0 ] || [ $$rc != 0 ] || rc=$$r; \
 		times="$$times  test-$$stage: $$(( $$(date +%s) - s )) s (exit $$r)\n"; \
 	done; \
-	wait $$vpid; cat $(VERSIONS_LOG); r=1; secs=?; read -r r secs < $(VERSIONS_LOG).rc || true; \
-	[ $$r = 0 ] || [ $$rc != 0 ] || rc=$$r; \
-	times="$$times  test-versions (beside them): $$secs s (exit $$r)\n"; \
+	joined unit $$upid; joined versions $$vpid; \
 	printf 'make test: stage times\n%b  total: %s s\n' "$$times" "$$(( $$(date +%s) - t0 ))"; \
 	exit $$rc
 

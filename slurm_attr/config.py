@@ -176,6 +176,10 @@ class Intake:
     catchup_window_s: float = 21600.0
     # At most this many jobs recorded per catch-up run (the oldest first; the rest next run).
     catchup_max_jobs: int = 5000
+    # A job that ended this recently is its hook's own (its record may still be on its way):
+    # the catch-up leaves it for the next run. Longer than the hook's worst case
+    # (EpilogSlurmctld runs after the job's end, behind slurmctld's other work).
+    catchup_min_age_s: float = 60.0
 
 
 @dataclass

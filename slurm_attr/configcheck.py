@@ -84,7 +84,8 @@ def validate(cfg: Any) -> None:
         raise ConfigError("[actions] auto_undrain needs diag_command (a node resumes only on a passed diagnostic)")
     if cfg.metrics.lemon_verdicts < 1 or (cfg.metrics.textfile and not cfg.metrics.textfile.endswith(".prom")):
         raise ConfigError("[metrics] lemon_verdicts must be >= 1; textfile must end in .prom (node_exporter reads only those)")
-    if cfg.intake.catchup_window_s < 0 or cfg.intake.catchup_max_jobs < 1:
-        raise ConfigError("[intake] catchup_window_s must be >= 0 (0: no catch-up) and catchup_max_jobs >= 1")
+    if cfg.intake.catchup_window_s < 0 or cfg.intake.catchup_max_jobs < 1 or cfg.intake.catchup_min_age_s < 0:
+        raise ConfigError("[intake] catchup_window_s must be >= 0 (0: no catch-up), catchup_max_jobs >= 1 "
+                          "and catchup_min_age_s >= 0")
     if cfg.drain.max_drains < 0 or cfg.drain.window_s <= 0:
         raise ConfigError("[drain] max_drains must be >= 0 and window_s > 0")

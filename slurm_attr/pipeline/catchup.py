@@ -48,8 +48,6 @@ EVERY_S = 60.0               # a worker's catch-up at most this often (the timer
 FIRST_S = 3600.0             # no mark yet: the last hour
 # accounting may write an end a little late, and a clock may step: the next window overlaps
 MARGIN_S = 600.0
-# A job that ended this recently is the hook's own: its record may still be on its way.
-MIN_AGE_S = 60.0
 _RAW = re.compile(r"\d{1,12}")
 _ATTEMPT = re.compile(r"(\d{1,12})\.r(\d{1,6})")
 
@@ -82,7 +80,8 @@ def window(cfg: Config, now: float) -> tuple[float, float]:
     found the controller side off (intake.OFF_STAMP): those jobs were meant to go unanalysed."""
     mark = read_mark(cfg)
     start = (mark - MARGIN_S) if mark is not None else now - FIRST_S
-    return max(start, now - cfg.intake.catchup_window_s, intake.off_until(cfg) or 0.0), now - MIN_AGE_S
+    return max(start, now - cfg.intake.catchup_window_s, intake.off_until(cfg) or 0.0), \
+        now - cfg.intake.catchup_min_age_s
 
 
 def maybe_run(cfg: Config, slurm: Any, now: float | None = None) -> int:

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 import pytest
 
 from slurm_attr.config import load
-from slurm_attr.pipeline import catchup, pool
+from slurm_attr.pipeline import pool
 
 from test_drain import sattr
 
@@ -57,7 +57,9 @@ def _wait_file(path, timeout=60):
 def test_a_job_whose_hook_record_was_lost_gets_its_verdict_from_the_catch_up(cluster):
     # A short window keeps this run to the jobs of the last minutes (earlier tests' jobs may have
     # none on purpose, e.g. with the controller side turned off).
-    with cluster.settings(intake={"catchup_window_s": 240}):
+    # A hook's grace of 5 s (the site default: 60 s) keeps the wait short; the kept job's record
+    # shows the hook still beats it.
+    with cluster.settings(intake={"catchup_window_s": 240, "catchup_min_age_s": 5}):
         cfg = load(str(cluster.config_path))
         with every_slot_held(cfg):
             lost = cluster.sbatch("#!/bin/bash\n#SBATCH -N1 -w n1\nexit 3\n", user="sattrtest")
@@ -67,8 +69,8 @@ def test_a_job_whose_hook_record_was_lost_gets_its_verdict_from_the_catch_up(clu
                 _wait_file(os.path.join(cfg.intake.queue_dir, f"{j}.env"))
             os.unlink(os.path.join(cfg.intake.queue_dir, f"{lost}.env"))  # the record is gone
             ended = time.time()
-            # a job that ended less than MIN_AGE_S ago is left to its own hook: wait that out
-            time.sleep(catchup.MIN_AGE_S + 2)
+            # a job that ended less than catchup_min_age_s ago is left to its own hook: wait that out
+            time.sleep(cfg.intake.catchup_min_age_s + 2)
             proc = sattr(cluster, "retry", "--json")
         assert proc.returncode == 0, proc.stderr
         out = json.loads(proc.stdout)
@@ -88,4 +90,4 @@ def test_a_job_whose_hook_record_was_lost_gets_its_verdict_from_the_catch_up(clu
         assert lost not in json.loads(proc.stdout)["caught_up"]  # stored now: never a second time
         assert cluster.verdict(kept, timeout=60)["cause"] == "none"
         print(f"FIGURE catch-up: lost record's job {lost} stored {time.time() - ended:.1f}s after its record "
-              f"was deleted (the catch-up waits {catchup.MIN_AGE_S:.0f}s for a hook)")
+              f"was deleted (the catch-up waits {cfg.intake.catchup_min_age_s:.0f}s for a hook)")

@@ -120,7 +120,7 @@ def test_the_window_is_bounded_and_follows_the_mark(cfg):
     acct = Acct([row("501", ended=NOW - 7200), row("502", ended=NOW - 1800), row("503", ended=NOW - 5)])
     res = catchup.run(cfg, acct, now=NOW)
     start, end = acct.asked[0]
-    assert start == pytest.approx(NOW - catchup.FIRST_S) and end == pytest.approx(NOW - catchup.MIN_AGE_S)
+    assert start == pytest.approx(NOW - catchup.FIRST_S) and end == pytest.approx(NOW - cfg.intake.catchup_min_age_s)
     # 501 ended before the first window, 503 too recently (the hook's own): only 502
     assert res.recorded == ["502"] and res.skipped["outside_window"] == 2
     assert catchup.read_mark(cfg) == pytest.approx(end)
@@ -133,6 +133,13 @@ def test_the_window_is_bounded_and_follows_the_mark(cfg):
     acct3 = Acct()
     catchup.run(cfg, acct3, now=NOW + 86400)
     assert acct3.asked[0][0] == pytest.approx(NOW + 86400 - 3600)
+
+
+def test_the_hooks_grace_is_the_sites(cfg):
+    rows = [row("601", ended=NOW - 30), row("602", ended=NOW - 3)]
+    assert catchup.run(cfg, Acct(rows), now=NOW).recorded == []  # the default 60 s: both the hooks'
+    cfg.intake.catchup_min_age_s = 10.0
+    assert catchup.run(cfg, Acct(rows), now=NOW + 1).recorded == ["601"]  # near miss: 602 still its hook's
 
 
 def test_the_cap_records_the_oldest_and_leaves_the_rest_to_the_next_run(cfg):

@@ -63,6 +63,11 @@ def _start():
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         if os.path.lexists(path):
             os.unlink(path)  # left by an earlier process of this job (its owner is gone)
+        # torch's one public way to this server, control_plane.worker_main(), is wrapped in
+        # elastic's @record, which turns on faulthandler for all threads: a change in what the
+        # program does on a crash. The class is private to torch, so the tests that need its
+        # answers start it through this hook with the torch `make test` installs
+        # (tests/unit/test_live_dumps_hook.py, tests/integration/test_live_dumps.py, test_live_plugin.py).
         from torch._C._distributed_c10d import _WorkerServer
 
         _server = _WorkerServer(path)

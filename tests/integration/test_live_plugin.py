@@ -211,7 +211,9 @@ def test_a_job_outside_the_live_partitions_gets_no_watcher(cluster):
         host, nodes = cluster.job_nodes(job, timeout=90)
         probe = cluster.base / "nodes" / nodes[1] / "evidence" / job / "probe"
         deadline = time.monotonic() + 60
-        while not list(probe.glob("rank*.probe")) and time.monotonic() < deadline:
+        # all four: the node's ranks create their records one by one (on a loaded machine a
+        # listing after the first one missed rank 5's)
+        while len(list(probe.glob("rank*.probe"))) < 4 and time.monotonic() < deadline:
             time.sleep(0.2)
         records = sorted(p.name.split(".")[0] for p in probe.glob("rank*.probe"))
         time.sleep(2)  # a watcher would have written its first summary by now (interval_s 0.5)
@@ -262,7 +264,11 @@ rm -f {shm}.0 {shm}.1
     hangs = [(h["class"], h["step"], h["ranks"], h["nodes"]) for h in doc.get("findings", [])
              if h.get("class", "").startswith("H") and h["label"].startswith("world ")]
     assert hangs == [("H1", hang, [3], [nodes[0]])], (hangs, steps)
-    assert [h for h in doc.get("findings", []) if h.get("step") == healthy] == [], doc
+    # No hang of the healthy step's own. A slow finding may be (S3: every rank slower for a
+    # phase): the healthy step really slows once the other step's 8 ranks share the 2 cores,
+    # more so beside other clusters (seen on 26.05 in `make test`'s lanes).
+    assert [h for h in doc.get("findings", []) if h.get("step") == healthy
+            and h.get("kind") != "slow"] == [], doc
     # the healthy step's watcher on the second node read its own 4 ranks there, still running
     assert other["ranks"] == [4, 5, 6, 7] and running, other["ranks"]
     print(f"\ntwo steps on the same nodes: H1 rank 3 of step {hang} {_latency(f):.2f} s after the stall; "

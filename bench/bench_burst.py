@@ -126,17 +126,23 @@ class Sampler(threading.Thread):
             self.stop.wait(0.1)
 
 
+def _ours(pid: str) -> bool:
+    """A process of this test cluster, not another's of the same name in a versions root
+    (cluster/versions.sh), whose processes the host's /proc shows too: its root is not ours."""
+    try:
+        return os.readlink(f"/proc/{pid}/root") == os.readlink("/proc/self/root")
+    except OSError:
+        return False
+
+
 def count_processes() -> tuple[int, int]:
     """(controller hooks, analysis workers) alive now. A worker is counted once per session: the
     sacct it forks carries the worker's command line until it execs."""
     hooks, sessions = 0, set()
-    mine = os.readlink("/proc/self/root")
     for d in os.listdir("/proc"):
-        if not d.isdigit():
+        if not d.isdigit() or not _ours(d):
             continue
         try:
-            if os.readlink(f"/proc/{d}/root") != mine:
-                continue  # another cluster's (a versions root's), whose processes /proc shows too
             cmd = Path(f"/proc/{d}/cmdline").read_bytes()
             sid = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[3]
         except (OSError, IndexError):
@@ -245,16 +251,9 @@ CONTROLLER_DAEMONS = ("slurmctld", "slurmdbd", "mariadbd", "mysqld")
 
 
 def _pids(name: str) -> list[int]:
-    """This test cluster's processes of that name: not another cluster's of the same name in a
-    versions root (cluster/versions.sh), whose processes pgrep sees too but whose root is not ours."""
+    """This test cluster's processes of that name (_ours)."""
     out = subprocess.run(["pgrep", "-x", name], capture_output=True, text=True).stdout
-    mine = os.readlink("/proc/self/root")
-    pids = []
-    for p in out.split():
-        with contextlib.suppress(OSError):
-            if os.readlink(f"/proc/{p}/root") == mine:
-                pids.append(int(p))
-    return pids
+    return [int(p) for p in out.split() if _ours(p)]
 
 
 @contextlib.contextmanager

@@ -125,17 +125,23 @@ static void sleep_us(long us)
         ;
 }
 
-/* Wait for *p >= want, flagging the thread stuck after BLOCKED_MS; from then on parked (10 ms
- * polls), as a blocked rank costs no CPU: 200 us polls cost each thread ~3 % of a core, near
- * what the live watcher's busy check reads as a rank still computing (live/hang/busy.py). */
+/* One poll of a waiting thread: 200 us, and after BLOCKED_MS the thread is flagged stuck and
+ * parked (10 ms polls), as a blocked rank costs no CPU: 200 us polls cost each thread ~3 % of a
+ * core, near what the live watcher's busy check reads as a rank still computing
+ * (live/hang/busy.py). *waited counts the short polls, up to BLOCKED_MS * 5. */
+static void poll_once(int *waited, int *flag)
+{
+    sleep_us(*waited >= BLOCKED_MS * 5 ? 10000 : 200);
+    if (*waited < BLOCKED_MS * 5 && ++*waited == BLOCKED_MS * 5)
+        ST(flag, T_BLOCKED);
+}
+
+/* Wait for *p >= want (poll_once). */
 static void wait_ge(int64_t *p, int64_t want, int *flag)
 {
     int waited = 0;
-    while (LD(p) < want) {
-        sleep_us(waited >= BLOCKED_MS * 5 ? 10000 : 200);
-        if (waited < BLOCKED_MS * 5 && ++waited == BLOCKED_MS * 5)
-            ST(flag, T_BLOCKED);
-    }
+    while (LD(p) < want)
+        poll_once(&waited, flag);
     if (waited >= BLOCKED_MS * 5)
         ST(flag, T_RUN);
 }
@@ -257,11 +263,8 @@ static void *proxy_main(void *arg)
         if (LD(&rc->qtail) == h) {
             if (LD(&rc->app_done))
                 break;
-            /* Idle past BLOCKED_MS: parked, as NCCL's proxy thread waits on a condition when it
-             * has nothing to progress (the CPU cost: wait_ge). */
-            sleep_us(waited >= BLOCKED_MS * 5 ? 10000 : 200);
-            if (waited < BLOCKED_MS * 5 && ++waited == BLOCKED_MS * 5)
-                ST(flag, T_BLOCKED);
+            /* idle past BLOCKED_MS: parked, as NCCL's proxy thread waits on a condition */
+            poll_once(&waited, flag);
             continue;
         }
         if (waited >= BLOCKED_MS * 5)

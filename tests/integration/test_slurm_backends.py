@@ -89,7 +89,14 @@ def test_comment_write_keeps_case_and_reads_back(cluster, slurm):
     slurm.set_job_comment(job, "Comment", text)
     assert slurm.job_comment(job, "Comment") == text
     assert cluster.sacct(job, "Comment%400")["Comment"] == text
-    # AdminComment (a site's choice of field) the same way; nothing else writes it here
+    # AdminComment (a site's choice of field) the same way. The test cluster writes the verdict
+    # there too ([actions] admin_comment), in the same pass just after the Comment: a write of
+    # ours between that pass's read and its write would be replaced (accounting has no
+    # compare-and-set), so the test writes only once ours has landed.
+    deadline = time.monotonic() + 60
+    while "SATTR1:" not in (slurm.job_comment(job, "AdminComment") or "") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert "SATTR1:" in (slurm.job_comment(job, "AdminComment") or "")
     admin = f"Admin Note {job} [{type(slurm).__name__}]"
     slurm.set_job_comment(job, "AdminComment", admin)
     assert slurm.job_comments([job, "987654321"], "AdminComment") == {job: admin, "987654321": None}

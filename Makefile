@@ -86,7 +86,8 @@ test-unit: deps
 
 test-integration: deps spank
 	bash cluster/testcluster.sh up
-	$(PY) -m pytest tests/integration -m cluster $(PYTEST_ARGS)
+	# The slowest tests named at the end: the suite is make test's longest stage (its budget above).
+	$(PY) -m pytest tests/integration -m cluster --durations=15 $(PYTEST_ARGS)
 
 # Slurm 24.11 (trixie) and 26.05 (sid) in debootstrap roots, each in its own namespaces, the
 # two in parallel (cluster/versions.sh; roots and apt archives cached in /var/cache/sattr-versions).
@@ -122,6 +123,7 @@ bench: deps spank
 bench-cluster: cluster-up
 	$(PY) bench/bench_epilog.py         # node epilog wall time, job end -> Comment
 	flock /var/lock/sattr-cluster.lock $(PY) bench/bench_burst.py --tasks 2000  # job-end burst, controller side off vs on
+	flock /var/lock/sattr-cluster.lock $(PY) bench/bench_burst.py --tasks 2000 --split-cores  # the same, the controller's daemons on a core of their own
 
 docs: deps
 	$(VENV)/bin/sattr rules list --format markdown > docs/rules.md

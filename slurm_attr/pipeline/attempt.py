@@ -128,7 +128,7 @@ def process(cfg: Config, key: str, slurm: Any = None, open_store: Callable[[Conf
                         last = int((intake.load(cfg, key) or {}).get("attempts") or 0) + 1 >= cfg.intake.max_attempts
                         finish_job(cfg, slurm, store, bdir, job_facts=facts, notes=_earlier_failures(cfg, key),
                                    progress=progress, allow_unknown=last, sweep_comments=sweep_comments,
-                                   comments_to=comments_to, gathered=gathered)
+                                   comments_to=comments_to, gathered=gathered, ended_at=_ended_at(entry))
                 except BaseException as err:
                     if not progress.get("stored") or isinstance(err, (KeyboardInterrupt, SystemExit)):
                         raise
@@ -181,7 +181,7 @@ def _offloaded(cfg: Config, key: str, entry: dict[str, Any], bdir: str, facts: d
                               f"the offloaded analysis job {off.get('job_id')} ended {state} without a result", slurm)
     if not offload.wanted(cfg, bdir, facts, entry):
         return None, ""
-    job, _err = prepare_job(cfg, slurm, bdir, facts)
+    job, _err = prepare_job(cfg, slurm, bdir, facts, _ended_at(entry))
     if not job.get("state"):
         return None, ""  # the analysis here says why (accounting): nothing to offload yet
     try:
@@ -190,6 +190,13 @@ def _offloaded(cfg: Config, key: str, entry: dict[str, Any], bdir: str, facts: d
         log.warning("job %s: offload refused (%s); analysed here", key, err)
         return None, ""
     return None, "offloaded"
+
+
+def _ended_at(entry: dict[str, Any]) -> float | None:
+    """When the job ended, as its intake record says (the hook's time, or accounting's end for
+    a job the catch-up recorded); None when the record does not say."""
+    since = entry.get("since")
+    return float(since) if isinstance(since, (int, float)) and since > 0 else None
 
 
 def _entry_facts(cfg: Config, key: str, bdir: str, facts: dict[str, Any], slurm: Any,

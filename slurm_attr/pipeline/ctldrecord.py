@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import zlib
 from typing import Any
 
@@ -41,9 +42,10 @@ def record_main(cfg: Any, env: dict[str, str]) -> tuple[str, bool]:
     return key, bool(key)
 
 
-def record_facts(cfg: Any, env: dict[str, str]) -> str:
+def record_facts(cfg: Any, env: dict[str, str], since: float | None = None) -> str:
     """Write the pending record from a hook environment; its key, or "" when there is nothing to
-    record (a bad job id, the controller side turned off). OSError when it cannot be written."""
+    record (a bad job id, the controller side turned off). OSError when it cannot be written.
+    ``since``: when the job ended, where that was earlier than now (a front record read later)."""
     job_id = env.get("SLURM_JOB_ID", "")
     if not spool.valid_job_id(job_id):
         log.error("controller epilog: bad SLURM_JOB_ID %r", job_id)
@@ -52,7 +54,7 @@ def record_facts(cfg: Any, env: dict[str, str]) -> str:
         intake.stamp_off(cfg)
         return ""
     key = _key(env)
-    intake.record(cfg, key, _facts(env))
+    intake.record(cfg, key, _facts(env), since=since)
     return key
 
 
@@ -102,7 +104,7 @@ def checked_body(data: bytes) -> bytes | None:
         return None
 
 
-def record_torn(cfg: Any, key: str) -> str:
+def record_torn(cfg: Any, key: str, since: float | None = None) -> str:
     """A front record that does not check: the job is known by its file name only, and its facts
     are asked of accounting before the analysis (attempt.py). An entry already there (the catch-up
     or the Python hook wrote one) keeps its facts. Returns the key, "" when it names no job."""
@@ -117,7 +119,7 @@ def record_torn(cfg: Any, key: str) -> str:
         job["restart_count"] = int(restart)
     log.warning("job %s: its hook record is empty or torn (a crash before it reached the disk?); "
                 "its facts will be asked of accounting", key)
-    intake.record(cfg, key, job, note="hook record empty or torn: facts from accounting")
+    intake.record(cfg, key, job, note="hook record empty or torn: facts from accounting", since=since)
     return key
 
 
@@ -137,13 +139,16 @@ def ingest(cfg: Any) -> int:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
             try:
                 data = os.read(fd, intake.MAX_ENTRY_BYTES + 1)
+                # Written at the job's end: a worker busy with a backlog reads it later, and the
+                # node wait and the yield to slurmctld count from the end, not from this read.
+                ended = min(os.fstat(fd).st_mtime, time.time())
             finally:
                 os.close(fd)
             body = checked_body(data[:intake.MAX_ENTRY_BYTES])
             if body is None:
-                record_torn(cfg, name[:-len(intake.ENV_SUFFIX)])
+                record_torn(cfg, name[:-len(intake.ENV_SUFFIX)], since=ended)
             else:
-                record_facts(cfg, parse_env_record(body))
+                record_facts(cfg, parse_env_record(body), since=ended)
             os.unlink(path)
             done += 1
         except OSError as err:

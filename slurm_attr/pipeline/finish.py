@@ -47,7 +47,7 @@ def finish_job(cfg: Config, slurm: SlurmAccess, store: Store, bundle_dir: str,
                job_facts: dict[str, Any] | None = None, notes: list[Coverage] | None = None,
                progress: dict[str, Any] | None = None, allow_unknown: bool = True,
                sweep_comments: bool = True, comments_to: list[str] | None = None,
-               gathered: Gathered | None = None) -> Verdict:
+               gathered: Gathered | None = None, ended_at: float | None = None) -> Verdict:
     """The whole after-the-job flow for one bundle; returns the stored verdict.
 
     ``job_facts``: the intake's copy of the job's facts, used where the bundle has no job.json.
@@ -58,19 +58,21 @@ def finish_job(cfg: Config, slurm: SlurmAccess, store: Store, bundle_dir: str,
     also retry queued comments and re-check recent ones (a worker does that once per batch).
     ``comments_to``: only queue the comment and add the job id to this list (a worker writes its
     batch's comments together, ``flush_comments``); None: write it here. ``gathered``: what an
-    offloaded analysis job found in the bundle (offload.py): concluded here instead of analysing."""
+    offloaded analysis job found in the bundle (offload.py): concluded here instead of analysing.
+    ``ended_at``: when the job ended (the intake's record, epoch seconds): the node parts are
+    waited for until node_wait_s after it, not node_wait_s from now (see node_wait_s)."""
     from .. import drain
     from . import reconcile
 
     t0 = time.monotonic()
-    job, acct_err = prepare_job(cfg, slurm, bundle_dir, job_facts)
+    job, acct_err = prepare_job(cfg, slurm, bundle_dir, job_facts, ended_at)
     nodes = [n for n in job.get("nodes") or [] if isinstance(n, str)]
     adir, stand_in = _analysis_dir(cfg, bundle_dir)
     if stand_in and nodes:
         # The fast path's drain (in Slurm's reason) is the only word a node has here: let it land.
         raw = str(job.get("slurm_job_id") or job.get("job_id", ""))
-        if not controller.wait_for_epilogs(slurm, raw, t0 + cfg.analysis.node_wait_s):
-            log.warning("job %s: node epilogs not finished after %.0fs", raw, cfg.analysis.node_wait_s)
+        if not controller.wait_for_epilogs(slurm, raw, t0 + node_wait_s(cfg, ended_at)):
+            log.warning("job %s: node epilogs not finished %.0fs after its end", raw, cfg.analysis.node_wait_s)
     fast = reconcile.fast_decisions(bundle_dir if not stand_in else "", job, slurm, store)
     extra = reconcile.reason_symptoms(bundle_dir if not stand_in else "", fast)
     try:
@@ -125,17 +127,31 @@ def _requeue(cfg: Config, verdict: Verdict, job: dict[str, Any], slurm: SlurmAcc
     verdict.requeue = requeue.for_verdict(cfg, verdict, job, slurm=slurm, store=store)
 
 
-def prepare_job(cfg: Config, slurm: SlurmAccess, bundle_dir: str,
-                job_facts: dict[str, Any] | None) -> tuple[dict[str, Any], str]:
-    """The job's facts settled: its node parts waited for (up to node_wait_s), its final state
-    from accounting (or slurmctld), job.json rewritten with them. (job, accounting's error)."""
+def node_wait_s(cfg: Config, ended_at: float | None, now: float | None = None) -> float:
+    """How much longer a job's node parts are worth waiting for: until [analysis] node_wait_s after
+    the job's end (``ended_at``, epoch seconds), never more than node_wait_s from now. A part still
+    missing by then is not coming soon (its node epilog failed, the spool was full): a later
+    attempt (`sattr retry`, the next worker) must not wait the whole time again for every such
+    job, or a backlog of them takes node_wait_s each (200 jobs after a full spool: over an hour)."""
+    wait = cfg.analysis.node_wait_s
+    if not ended_at:
+        return wait
+    left = float(ended_at) + wait - (time.time() if now is None else now)
+    return max(0.0, min(wait, left))
+
+
+def prepare_job(cfg: Config, slurm: SlurmAccess, bundle_dir: str, job_facts: dict[str, Any] | None,
+                ended_at: float | None = None) -> tuple[dict[str, Any], str]:
+    """The job's facts settled: its node parts waited for (until node_wait_s after the job's end,
+    ``ended_at``; node_wait_s from now without it), its final state from accounting (or
+    slurmctld), job.json rewritten with them. (job, accounting's error)."""
     t0 = time.monotonic()
     job = settle.read_job_json(bundle_dir) or dict(job_facts or {})
     nodes = [n for n in job.get("nodes") or [] if isinstance(n, str)]
     if os.path.isdir(bundle_dir):
-        missing = controller.wait_for_nodes(bundle_dir, nodes, t0 + cfg.analysis.node_wait_s)
+        missing = controller.wait_for_nodes(bundle_dir, nodes, t0 + node_wait_s(cfg, ended_at))
         if missing:
-            log.warning("job %s: no node part from %s after %.0fs", job.get("job_id"), ",".join(missing),
+            log.warning("job %s: no node part from %s %.0fs after its end", job.get("job_id"), ",".join(missing),
                         cfg.analysis.node_wait_s)
     job, acct_err = settle.settle_state(slurm, job, time.monotonic() + settle.SACCT_SETTLE_S)
     try:

@@ -302,24 +302,3 @@ def _partial(cfg: Config, key: str, facts: dict[str, Any], bdir: str, store: Any
     intake.failed(cfg, key, failure, partial=True)
     return "partial"
 
-
-def retry_due(cfg: Config, slurm: Any = None, limit: int = 20, everything: bool = False,
-              exclude: str = "", open_store: Callable[[Config], Any] | None = None) -> dict[str, str]:
-    """One attempt for each pending job whose backoff has passed (or every one): {key: outcome}."""
-    from . import ctldrecord
-
-    ctldrecord.ingest(cfg)  # jobs the C front recorded while no worker ran
-    todo = intake.entries(cfg) if everything else intake.due(cfg)
-    out: dict[str, str] = {}
-    for doc in todo:
-        if len(out) >= limit:
-            break
-        if doc["key"] == exclude:
-            continue
-        slurm = slurm if slurm is not None else _default_slurm(cfg)
-        # pending_only: an entry a worker finished since the listing is done. Re-recorded from its
-        # bundle, it was analysed again as a first attempt and its stored verdict lost the note of
-        # the fault it came through (seen: `sattr retry --all` beside a worker after a timeout).
-        out[doc["key"]] = process(cfg, doc["key"], slurm=slurm, open_store=open_store, retry_for_s=0,
-                                  pending_only=True)
-    return out

@@ -35,7 +35,7 @@ from pathlib import Path
 from bench_epilog import env as cluster_env
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from slurm_attr.pipeline.pool import cpu_pressure  # noqa: E402
+from slurm_attr.pipeline.batch import cpu_pressure  # noqa: E402
 
 BASE = Path(os.environ.get("SATTR_CLUSTER_BASE", "/var/lib/sattr-testcluster"))
 CONFIG = BASE / "etc" / "slurm_attr.toml"

@@ -41,7 +41,7 @@ def retry(ctx: click.Context, everything: bool, limit: int, as_json: bool) -> No
         sattr retry --all
     """
     from .. import diag, gaterecord
-    from ..pipeline import catchup, pool, reconcile
+    from ..pipeline import batch, catchup, reconcile
     from ..slurm import from_config
     from .ops import require_admin
 
@@ -51,7 +51,7 @@ def retry(ctx: click.Context, everything: bool, limit: int, as_json: bool) -> No
     # Jobs accounting saw end that the intake never got (a crash, a hook that never ran): first,
     # so that this run analyses them too (pipeline/catchup.py).
     caught = catchup.run(cfg, slurm)
-    out = pool.retry_due(cfg, slurm=slurm, limit=limit, everything=everything)
+    out = batch.retry_due(cfg, slurm=slurm, limit=limit, everything=everything)
     added = 0
     try:
         from ..store import Store

@@ -9,9 +9,10 @@
                hook that never ran), recorded after all with accounting's facts: one sacct a run
 ``finish``     analyse, store, drain, comment (``reconcile``: the fast path's drains into the store)
 
-and the two that drive them: ``pool`` (at most ``[analysis] workers`` workers drain the intake in
-batches, at low priority) and ``attempt`` (one job's attempt: stored, left pending with its error
-and a backoff, or partial). A stage imports only earlier stages; only the drivers import stages
+and the three that drive them: ``pool`` (at most ``[analysis] workers`` workers drain the intake,
+at low priority), ``batch`` (a batch of jobs: accounting asked once, comments written together;
+the workers' batches and `sattr retry`'s) and ``attempt`` (one job's attempt: stored, left pending
+with its error and a backoff, or partial). A stage imports only earlier stages; only the drivers import stages
 (tests/unit/test_pipeline_layout.py). hooks.py is the entry point Slurm runs; ``sattr retry`` (a
 timer) takes what a worker left pending.
 """

@@ -4,8 +4,8 @@ Slots are lock files ``<queue_dir>/.worker-<i>.lock``. The hook that recorded a 
 slot (a non-blocking flock) and starts a worker that inherits the locked file, so the slot is the
 worker's from its first instant: a burst of 5,000 hooks starts at most ``workers`` workers, and
 no daemon is needed. A worker drains the intake in batches (one sacct and one node listing per
-batch, the daemon logs read once), each job through ``attempt.process``, at low CPU and I/O
-priority. With nothing left it gives its slot back and looks once more: a hook that found every
+batch, the daemon logs read once: batch.py), each job through ``attempt.process``, at low CPU
+and I/O priority. With nothing left it gives its slot back and looks once more: a hook that found every
 slot taken relies on that look. Before each batch the worker re-reads the site config when its
 file changed: a worker may drain the queue for long, and an admin's change (offload, actions,
 drain limits) applies to the next batch, not to the next worker. A killed worker loses nothing: its jobs stay pending (their
@@ -24,22 +24,14 @@ from collections import Counter
 from typing import Any
 
 from .. import spool
-from . import catchup, ctldrecord, intake, offload
+from . import batch, catchup, ctldrecord, intake, offload
 from ..config import Config
-from ..waiting import wait_until
 
 log = logging.getLogger("slurm_attr")
 
 METRICS_STAMP, METRICS_EVERY_S = ".metrics-turn", 5.0  # [metrics] textfile from the batches (_metrics_turn)
-BATCH = 200          # jobs per batch: one sacct call (its id list is bounded at 200 too)
 POLL_S = 0.5         # while the only jobs left wait for node parts or accounting
-SETTLE_S = 10.0      # a job accounting has no final state for yet waits this long after its end
-# A batch's comments are written together (one slurmdbd connection) every this many verdicts
-# or seconds, whichever comes first: the Comment trails its verdict by at most a few seconds.
-COMMENT_FLUSH_N = 50
-COMMENT_FLUSH_S = 5.0
 BACKOFF_WAIT_S = 30.0  # a job whose next try is this close keeps the worker waiting for it
-YIELD_POLL_S = 1.0   # how often a yielding worker looks at the host's CPU pressure again
 _offload_asked: dict[str, float] = {}  # pending key -> when this worker last asked about its analysis job
 FD_ENV = "SLURM_ATTR_WORKER_FD"
 
@@ -125,36 +117,6 @@ def lower_priority() -> None:
         pass
 
 
-def cpu_pressure(path: str = "/proc/pressure/cpu") -> float | None:
-    """The host's CPU pressure: the share of the last 10 s in which some runnable task waited for a
-    CPU (PSI "some avg10", percent); None where the kernel has no PSI."""
-    try:
-        with open(path, "rb") as f:
-            line = f.readline(256)
-    except OSError:
-        return None
-    for part in line.split():
-        if part.startswith(b"avg10="):
-            try:
-                return float(part[6:])
-            except ValueError:
-                return None
-    return None
-
-
-def yield_to_controller(cfg: Config, since: float, sleep: Any = time.sleep, pressure: Any = cpu_pressure) -> float:
-    """Before a job: wait while the controller's CPU is under pressure ([analysis] yield_pressure,
-    PSI percent; a burst of job ends is exactly when slurmctld needs its host), but never past
-    [analysis] yield_max_s after the job's end. Returns the seconds waited."""
-    limit = cfg.analysis.yield_pressure
-    left = cfg.analysis.yield_max_s - (time.time() - since)
-    if limit <= 0 or left <= 0:
-        return 0.0
-    got = wait_until(pressure, left, YIELD_POLL_S, f"the controller's CPU pressure to fall below {limit:g}%",
-                     done=lambda p: p is None or p < limit, sleep=sleep)
-    return (got.tries - 1) * YIELD_POLL_S  # one pause between two readings
-
-
 def _nodes_in(bdir: str, nodes: list[str]) -> bool:
     return all(os.path.exists(os.path.join(bdir, "nodes", n, "collect.json")) for n in nodes)
 
@@ -184,11 +146,6 @@ def _ready(cfg: Config, doc: dict[str, Any], now: float) -> bool | None:
     return True if _nodes_in(spool.bundle_dir(cfg.paths.spool, doc["key"]), nodes) else None
 
 
-def _raw_id(doc: dict[str, Any]) -> str:
-    job = doc.get("job") or {}
-    return str(job.get("slurm_job_id") or job.get("job_id") or doc["key"].split(".r")[0])
-
-
 def work(cfg: Config, fd: int, slurm: Any = None, open_store: Any = None) -> Counter[str]:
     """Drain the intake while holding slot ``fd``; returns the outcomes counted."""
     from ..slurm import from_config
@@ -203,10 +160,10 @@ def work(cfg: Config, fd: int, slurm: Any = None, open_store: Any = None) -> Cou
         now = time.time()
         docs = intake.entries(cfg)
         states = [(d, _ready(cfg, d, now)) for d in docs]
-        todo = [d for d, r in states if r][:BATCH]
+        todo = [d for d, r in states if r][:batch.BATCH]
         waiting = any(r is None for _d, r in states)
         if todo:
-            done = _batch(cfg, batched, todo, open_store)
+            done = batch.run(cfg, batched, todo, open_store)
             counts.update(done.values())
             if "stored" in done.values() and _metrics_turn(cfg):
                 _publish_metrics(cfg, open_store)
@@ -257,83 +214,6 @@ def reloaded(cfg: Config, seen: tuple[int, int, int] | None) -> tuple[Config, tu
     return fresh, now
 
 
-def retry_due(cfg: Config, slurm: Any = None, limit: int = 20, everything: bool = False,
-              open_store: Any = None) -> dict[str, str]:
-    """`sattr retry`: one attempt for each pending job whose backoff has passed (or every one, up to
-    ``limit``): {key: outcome}. Through the workers' batches, so a backlog costs Slurm what it
-    costs a worker (one sacct per BATCH jobs, comments written together, one sweep at the end),
-    not three calls per job: 200 jobs left by a full spool took 1.8 s each one at a time."""
-    from ..slurm import from_config
-    from ..slurm.batched import Batched
-
-    ctldrecord.ingest(cfg)  # jobs the C front recorded while no worker ran
-    todo = (intake.entries(cfg) if everything else intake.due(cfg))[:max(0, limit)]
-    batched = Batched(slurm if slurm is not None else from_config(cfg, timeout=10))
-    out: dict[str, str] = {}
-    for at in range(0, len(todo), BATCH):
-        # settle_first=False: each job waits for accounting itself (settle.py), as an admin's
-        # retry of a job that just ended expects; a worker moves on and comes back instead.
-        out.update(_batch(cfg, batched, todo[at:at + BATCH], open_store, settle_first=False))
-    if "stored" in out.values() and cfg.comment.enabled:
-        from .finish import sweep_comment_queue
-
-        try:
-            sweep_comment_queue(cfg, batched.backend, open_store(cfg) if open_store else _store(cfg))
-        except Exception as err:  # noqa: BLE001 - the timer's `sattr comments --verify` does it later
-            log.warning("comment sweep skipped: %s", err)
-    return out
-
-
-def _batch(cfg: Config, batched: Any, todo: list[dict[str, Any]], open_store: Any,
-           settle_first: bool = True) -> dict[str, str]:
-    from . import attempt
-    from ..collect.controller import SCHEDULER_LOG_CAP, SchedulerLogs, log_paths
-
-    batched.prefetch([_raw_id(d) for d in todo])
-    logs = None
-    out: dict[str, str] = {}
-    now = time.time()
-    comments: list[str] = []  # job ids whose comment waits for the next flush
-    flushed_at = time.monotonic()
-    for doc in todo:
-        if comments and (len(comments) >= COMMENT_FLUSH_N or time.monotonic() - flushed_at >= COMMENT_FLUSH_S):
-            _flush(cfg, batched, comments, open_store)
-            flushed_at = time.monotonic()
-        key = doc["key"]
-        yield_to_controller(cfg, float(doc.get("since") or 0))
-        if settle_first and not batched.settled(_raw_id(doc)) and now - float(doc.get("since") or 0) < SETTLE_S:
-            out[key] = "settling"  # accounting has not written the end yet: the next batch asks again
-            continue
-        if logs is None and (doc.get("job") or {}).get("facts_source") == "env":
-            logs = SchedulerLogs(log_paths(cfg.collect.scheduler_logs), SCHEDULER_LOG_CAP)
-        try:
-            out[key] = attempt.process(cfg, key, slurm=batched, open_store=open_store, retry_for_s=0, logs=logs,
-                                     pending_only=True, sweep_comments=False, comments_to=comments)
-        except Exception as err:  # noqa: BLE001 - one job's failure must not stop the others
-            log.exception("job %s: worker could not process it: %s", key, err)
-            try:  # counted and backed off, or the next look would take it again at once
-                intake.failed(cfg, key, f"worker: {type(err).__name__}: {err}")
-            except OSError:
-                pass
-            out[key] = "error"
-    _flush(cfg, batched, comments, open_store)
-    return out
-
-
-def _flush(cfg: Config, batched: Any, comments: list[str], open_store: Any) -> None:
-    """The queued comments of the batch's stored verdicts, written together (three Slurm calls
-    for the lot); what does not go through stays queued for the sweep and the timer."""
-    from .finish import flush_comments
-
-    if not comments:
-        return
-    try:
-        flush_comments(cfg, batched.backend, open_store(cfg) if open_store else _store(cfg), list(comments))
-    except Exception as err:  # noqa: BLE001 - the verdicts are stored; the queue keeps the comments
-        log.warning("%d comments left queued: %s", len(comments), err)
-    comments.clear()
-
-
 def _metrics_turn(cfg: Config) -> bool:
     """Whether a batch may rewrite the metrics now: each render reads the whole store (~0.1 s at
     100,000 verdicts), so a stream of one-job batches rewrites at most every METRICS_EVERY_S
@@ -356,7 +236,7 @@ def _publish_metrics(cfg: Config, open_store: Any) -> None:
     from ..fleet import metrics
 
     try:
-        metrics.publish(cfg, open_store(cfg) if open_store else _store(cfg))
+        metrics.publish(cfg, batch.store_for(cfg, open_store))
     except Exception as err:  # noqa: BLE001 - the store would not open; the next batch tries again
         log.warning("metrics not published: %s", err)
 
@@ -365,14 +245,9 @@ def _after_run(cfg: Config, batched: Any, counts: Counter[str], open_store: Any)
     """Once per run, not per job: the comment queue and recent comments re-checked, the spool
     pruned; once a day, the store too."""
     from .. import diag, gc, storeretention
-    from .finish import sweep_comment_queue
 
-    if counts.get("stored") and cfg.comment.enabled:
-        try:
-            store = open_store(cfg) if open_store else _store(cfg)
-            sweep_comment_queue(cfg, batched.backend, store)
-        except Exception as err:  # noqa: BLE001 - the timer's `sattr comments --verify` does it later
-            log.warning("comment sweep skipped: %s", err)
+    if counts.get("stored"):
+        batch.sweep_comments(cfg, batched, open_store)
     gc.maybe_collect(cfg)
     storeretention.maybe_prune(cfg)  # [store] keep_days
     _publish_metrics(cfg, open_store)  # the queue's age too, when nothing was stored
@@ -383,12 +258,6 @@ def _after_run(cfg: Config, batched: Any, counts: Counter[str], open_store: Any)
     log.info("worker done: %s; %d Slurm calls for its batches; cpu %.2fs",
              " ".join(f"{k}={v}" for k, v in sorted(counts.items())) or "nothing to do", batched.calls,
              sum(u.ru_utime + u.ru_stime for u in use))
-
-
-def _store(cfg: Config) -> Any:
-    from ..store import Store
-
-    return Store(cfg.paths.database)
 
 
 def work_main(env: dict[str, str]) -> int:

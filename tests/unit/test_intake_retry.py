@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from slurm_attr.pipeline import attempt, finish, intake, pool, settle
+from slurm_attr.pipeline import attempt, batch, finish, intake, settle
 from slurm_attr import store as store_mod
 from slurm_attr.config import Config
 from slurm_attr.errors import SlurmUnavailable
@@ -119,7 +119,7 @@ def test_locked_past_the_retry_window_stays_pending_then_a_retry_stores_it(cfg):
     holder.close()
     with pytest.raises(Exception):
         _stored(cfg, "100")
-    assert pool.retry_due(cfg, slurm=JobSlurm(), everything=True) == {"100": "stored"}
+    assert batch.retry_due(cfg, slurm=JobSlurm(), everything=True) == {"100": "stored"}
     assert _stored(cfg, "100").cause == "none"
 
 
@@ -142,7 +142,7 @@ def test_accounting_down_and_slurmctld_undecided_is_never_stored_as_unknown(cfg)
     with pytest.raises(Exception):
         _stored(cfg, "100")
     slurm.accounting_down = False  # accounting answers again: re-analysed
-    assert pool.retry_due(cfg, slurm=slurm, everything=True) == {"100": "stored"}
+    assert batch.retry_due(cfg, slurm=slurm, everything=True) == {"100": "stored"}
     assert _stored(cfg, "100").cause == "none"
 
 
@@ -166,7 +166,7 @@ def test_timeout_stores_a_partial_verdict_with_the_kernel_finding(cfg, monkeypat
     monkeypatch.undo()
     monkeypatch.setattr(settle, "SACCT_SETTLE_S", 0.0)
     cfg.analysis.timeout_s = 120
-    assert pool.retry_due(cfg, slurm=failed, everything=True) == {"100": "stored"}
+    assert batch.retry_due(cfg, slurm=failed, everything=True) == {"100": "stored"}
     v2 = _stored(cfg, "100")
     assert v2.cause == "gpu_hardware" and not [c for c in v2.coverage if c.source == "analysis"]
     assert intake.load(cfg, "100") is None
@@ -285,7 +285,7 @@ def test_accounting_catching_up_without_a_final_state_asks_slurmctld(cfg):
         _stored(cfg, "101")
     # ... until its last attempt, which stores what there is (partial over nothing).
     cfg.intake.max_attempts = 2
-    assert pool.retry_due(cfg, slurm=undecided, everything=True) == {"101": "stored"}
+    assert batch.retry_due(cfg, slurm=undecided, everything=True) == {"101": "stored"}
     assert _stored(cfg, "101").cause == "unknown"
 
 
@@ -301,7 +301,7 @@ def test_retry_leaves_alone_an_entry_a_worker_finished_since_its_listing(cfg, mo
     first = _stored(cfg, "300")
     assert any(c.source == "intake" and "timed out" in c.detail for c in first.coverage)
     monkeypatch.setattr(intake, "entries", lambda c: listed)  # retry's listing, taken before
-    got = pool.retry_due(cfg, slurm=JobSlurm(), everything=True)
+    got = batch.retry_due(cfg, slurm=JobSlurm(), everything=True)
     assert got == {"300": "gone", "301": "stored"}
     again = _stored(cfg, "300")
     assert any(c.source == "intake" and "timed out" in c.detail for c in again.coverage)

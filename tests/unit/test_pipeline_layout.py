@@ -1,4 +1,4 @@
-"""The after-job pipeline's shape (issue 23): a stage imports only earlier stages, only the two
+"""The after-job pipeline's shape (issue 23): a stage imports only earlier stages, only the
 drivers import stages, and nothing outside the pipeline reaches into its drivers but the hooks
 and the `sattr retry` command."""
 import ast
@@ -6,7 +6,7 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[2] / "slurm_attr"
 STAGES = ["intake", "ctldrecord", "settle", "catchup", "reconcile", "finish"]  # the record first: every stage reads it
-DRIVERS = ["attempt", "pool"]
+DRIVERS = ["attempt", "batch", "pool"]
 
 
 def _pipeline_imports(path: Path) -> set[str]:

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from slurm_attr.pipeline import attempt, intake
+from slurm_attr.pipeline import attempt, batch, intake
 from slurm_attr.config import load
 from slurm_attr.errors import SlurmUnavailable
 from slurm_attr.pipeline import pool
@@ -74,7 +74,7 @@ def test_one_batch_one_sacct_and_the_unsettled_job_waits_its_turn(cfg, monkeypat
         intake.done(cfg_, key)
         return "stored"
     monkeypatch.setattr(attempt, "process", process)
-    monkeypatch.setattr(pool, "SETTLE_S", 0.3)
+    monkeypatch.setattr(batch, "SETTLE_S", 0.3)
     monkeypatch.setattr(pool, "POLL_S", 0.05)
     fd = pool._take_slot(cfg)
     counts = pool.work(cfg, fd, slurm=backend, open_store=lambda c: None)
@@ -158,7 +158,7 @@ def test_a_batchs_comments_are_written_together_every_n_verdicts(cfg, monkeypatc
         intake.done(cfg_, key)
         return "stored"
     monkeypatch.setattr(attempt, "process", process)
-    monkeypatch.setattr(pool, "COMMENT_FLUSH_N", 3)
+    monkeypatch.setattr(batch, "COMMENT_FLUSH_N", 3)
     # accounting: empty until written, then our text (what the read-back checks)
     backend.job_comments = lambda job_ids, field: {j: f"SATTR1: none - job {j}" if j in sum(writes, []) else ""
                                                    for j in job_ids}
@@ -171,19 +171,19 @@ def test_a_worker_yields_to_a_busy_controller_but_not_past_yield_max_s(cfg):
     cfg.analysis.yield_pressure, cfg.analysis.yield_max_s = 30.0, 60.0
     slept = []
     readings = iter([80.0, 55.0, 12.0])
-    waited = pool.yield_to_controller(cfg, time.time(), sleep=slept.append, pressure=lambda: next(readings))
-    assert waited == 2 * pool.YIELD_POLL_S and len(slept) == 2
+    waited = batch.yield_to_controller(cfg, time.time(), sleep=slept.append, pressure=lambda: next(readings))
+    assert waited == 2 * batch.YIELD_POLL_S and len(slept) == 2
     # near misses: a job that ended yield_max_s ago is not held back at all, and no PSI means no wait
-    assert pool.yield_to_controller(cfg, time.time() - 61, sleep=slept.append, pressure=lambda: 99.0) == 0
-    assert pool.yield_to_controller(cfg, time.time(), sleep=slept.append, pressure=lambda: None) == 0
+    assert batch.yield_to_controller(cfg, time.time() - 61, sleep=slept.append, pressure=lambda: 99.0) == 0
+    assert batch.yield_to_controller(cfg, time.time(), sleep=slept.append, pressure=lambda: None) == 0
     assert len(slept) == 2
 
 
 def test_cpu_pressure_reads_psi(tmp_path):
     f = tmp_path / "cpu"
     f.write_text("some avg10=42.50 avg60=10.00 avg300=1.00 total=123\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
-    assert pool.cpu_pressure(str(f)) == 42.5
-    assert pool.cpu_pressure(str(tmp_path / "missing")) is None
+    assert batch.cpu_pressure(str(f)) == 42.5
+    assert batch.cpu_pressure(str(tmp_path / "missing")) is None
 
 
 def test_a_job_in_a_short_backoff_is_retried_by_the_worker_that_has_the_slot(cfg, monkeypatch):

@@ -481,6 +481,16 @@ static int mine(const struct job_opts *o, int r)
     return o->node_index < 0 || node_of(o, r) == o->node_index;
 }
 
+/* Every counter the ranks advance: a job that moved between two looks is not hung. */
+static int64_t progress(const struct shm *shm)
+{
+    int64_t sum = 0;
+    for (int c = 0; c < NCOMM; c++)
+        for (int r = 0; r < MAXR; r++)
+            sum += LD(&shm->launched[c][r]) + LD(&shm->sent[c][r]) + LD(&shm->recvd[c][r]);
+    return sum;
+}
+
 static int settled(const struct shm *shm, int ranks, int *any_blocked)
 {
     *any_blocked = 0;
@@ -576,7 +586,14 @@ int run_job(const struct job_opts *o)
         if (o->sc == SC_KILLED && LD(&shm->launched[0][0]) >= o->inject)
             break; /* a healthy job killed mid-run (time limit, scancel) */
         if (o->sc != SC_KILLED && settled(shm, o->ranks, &any_blocked) && any_blocked) {
+            /* One look is not a hang: a parked thread notices its peer's progress up to 10 ms
+             * late (poll_once), and on a loaded machine every thread of a slow job can be
+             * parked at once. Hung is settled with nothing moved over hang_ms. */
+            int64_t before = progress(shm);
             sleep_us((long)o->hang_ms * 1000);
+            ticks += o->hang_ms / 10;
+            if (progress(shm) != before || !settled(shm, o->ranks, &any_blocked) || !any_blocked)
+                continue;
             killed = 1;
             break;
         }

@@ -266,6 +266,10 @@ def main() -> int:
                 time.sleep(min(TICK, -s))
                 continue
             if s >= len(tl):
+                # The job's last collective completes before it exits, as a real job's does: a
+                # record left "in flight" through the interpreter's teardown (torch loaded, a
+                # loaded machine: seconds) reads as every rank waiting, a hang (H0, seen once).
+                r.write(tl[-1][rank][0], False)
                 return 0
             k, pend, doing, moving = tl[s][rank]
             r.write(k, pend)

@@ -20,8 +20,8 @@ PROBE_TSAN := -fsanitize=thread -O1 -U_FORTIFY_SOURCE
 PROBE_SRC := probe/probe_abi.c probe/probe_events.c probe/probe_file.c probe/probe_lanes.c
 PROBE_HDR := probe/sattr_nccl_abi.h probe/sattr_probe_layout.h probe/probe_internal.h
 PROBE_HARNESS_SRC := tests/probe_harness.c tests/probe_harness_nccl.c tests/probe_harness_job.c \
-	tests/probe_harness_check.c tests/probe_harness_lanes.c
-PROBE_HARNESS_HDR := tests/probe_harness.h probe/sattr_nccl_abi.h probe/sattr_probe_layout.h
+	tests/probe_harness_run.c tests/probe_harness_check.c tests/probe_harness_lanes.c
+PROBE_HARNESS_HDR := tests/probe_harness.h tests/probe_harness_job.h probe/sattr_nccl_abi.h probe/sattr_probe_layout.h
 
 PROBE_LIB := $(PROBE_BUILD)/libnccl-profiler-sattr.so
 PROBE_HARNESS := $(PROBE_BUILD)/tests/probe_harness
